@@ -1,0 +1,210 @@
+"""The JetStream API calls the connector makes, as raw JSON requests.
+
+nats-py's JetStream manager lacks the priority-group fields, UNPIN and Direct Get batches, so
+every call here is a plain request on ``$JS.API.*`` (or ``$JS.<domain>.API.*``) with the
+server's JSON, and API errors become the connector's exceptions with actionable messages.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .connection import Connection
+from .errors import ApiError, ConsumerNotFoundError, StreamNotFoundError
+
+STREAM_NOT_FOUND = 10059
+CONSUMER_NOT_FOUND = 10014
+
+PRIORITY_GROUP = "PCG"
+"""The priority group every member consumer uses (as pcgroups does)."""
+
+
+@dataclass(frozen=True)
+class DirectMessage:
+    """One message returned by Direct Get."""
+
+    seq: int
+    subject: str
+    num_pending: int | None
+
+
+class JetStreamApi:
+    """Sync JetStream API calls over one ``Connection``."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.prefix = conn.options.api_prefix
+
+    def __repr__(self) -> str:
+        return f"JetStreamApi({self.conn!r})"
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def subject(self, *tokens: str) -> str:
+        return ".".join((self.prefix, *tokens))
+
+    @staticmethod
+    def decode(raw: bytes, what: str) -> dict[str, Any]:
+        """Parse an API reply; raise the connector's error for an API error."""
+        reply = json.loads(raw)
+        error = reply.get("error")
+        if error:
+            code, err_code = error.get("code", 0), error.get("err_code", 0)
+            text = f"{what}: {error.get('description', 'unknown error')} (error {err_code})"
+            kind = {STREAM_NOT_FOUND: StreamNotFoundError, CONSUMER_NOT_FOUND: ConsumerNotFoundError}.get(
+                err_code, ApiError
+            )
+            raise kind(text, code, err_code)
+        return reply
+
+    def call(self, tokens: tuple[str, ...], body: dict[str, Any] | None, what: str) -> dict[str, Any]:
+        payload = json.dumps(body).encode() if body is not None else b""
+        return self.decode(self.conn.request(self.subject(*tokens), payload), what)
+
+    async def call_async(
+        self, tokens: tuple[str, ...], body: dict[str, Any] | None, what: str
+    ) -> dict[str, Any]:
+        payload = json.dumps(body).encode() if body is not None else b""
+        wait = max(self.conn.options.connect_timeout, 5.0)
+        return self.decode(await self.conn.request_async(self.subject(*tokens), payload, wait), what)
+
+    # -- streams -----------------------------------------------------------------------------
+
+    def account_info(self) -> dict[str, Any]:
+        return self.call(("INFO",), None, "JetStream account info")
+
+    def stream_info(self, stream: str) -> dict[str, Any]:
+        try:
+            return self.call(("STREAM", "INFO", stream), None, f"Stream {stream!r}")
+        except StreamNotFoundError as exc:
+            raise StreamNotFoundError(
+                f"Stream {stream!r} does not exist on {self.conn.server_url}"
+                f"{' in domain ' + self.conn.options.domain if self.conn.options.domain else ''}: "
+                "check the stream option or create the stream.",
+                exc.code,
+                exc.err_code,
+            ) from None
+
+    def create_stream(self, config: dict[str, Any]) -> dict[str, Any]:
+        return self.call(("STREAM", "CREATE", config["name"]), config, f"Creating stream {config['name']!r}")
+
+    def update_stream(self, config: dict[str, Any]) -> dict[str, Any]:
+        return self.call(("STREAM", "UPDATE", config["name"]), config, f"Updating stream {config['name']!r}")
+
+    def delete_stream(self, stream: str) -> None:
+        self.call(("STREAM", "DELETE", stream), None, f"Deleting stream {stream!r}")
+
+    def purge_stream(self, stream: str, keep_from_seq: int | None = None) -> None:
+        body = {"seq": keep_from_seq} if keep_from_seq else None
+        self.call(("STREAM", "PURGE", stream), body, f"Purging stream {stream!r}")
+
+    # -- consumers ---------------------------------------------------------------------------
+
+    def consumer_info(self, stream: str, consumer: str) -> dict[str, Any]:
+        try:
+            return self.call(("CONSUMER", "INFO", stream, consumer), None, f"Consumer {consumer!r}")
+        except ConsumerNotFoundError as exc:
+            raise self._no_consumer(stream, consumer, exc) from None
+
+    def create_consumer(self, stream: str, config: dict[str, Any], action: str = "") -> dict[str, Any]:
+        """Create or update a durable consumer; ``action`` is ``""``, ``"create"`` or ``"update"``."""
+        body: dict[str, Any] = {"stream_name": stream, "config": config}
+        if action:
+            body["action"] = action
+        name = config["durable_name"]
+        return self.call(
+            ("CONSUMER", "CREATE", stream, name), body, f"Creating consumer {name!r} on {stream!r}"
+        )
+
+    def delete_consumer(self, stream: str, consumer: str) -> None:
+        self.call(("CONSUMER", "DELETE", stream, consumer), None, f"Deleting consumer {consumer!r}")
+
+    async def unpin(self, stream: str, consumer: str, group: str = PRIORITY_GROUP) -> None:
+        """Release the consumer's pin: a waiting pull of the old holder gets 423."""
+        try:
+            await self.call_async(
+                ("CONSUMER", "UNPIN", stream, consumer), {"group": group}, f"Unpinning consumer {consumer!r}"
+            )
+        except ConsumerNotFoundError as exc:
+            raise self._no_consumer(stream, consumer, exc) from None
+
+    async def reset(self, stream: str, consumer: str, seq: int) -> dict[str, Any]:
+        """Drop pending deliveries, deliver from ``seq`` on (ack floor = seq - 1); returns consumer info."""
+        try:
+            reply = await self.call_async(
+                ("CONSUMER", "RESET", stream, consumer),
+                {"seq": seq},
+                f"Resetting consumer {consumer!r} to seq {seq}",
+            )
+        except ConsumerNotFoundError as exc:
+            raise self._no_consumer(stream, consumer, exc) from None
+        return reply
+
+    async def consumer_info_async(self, stream: str, consumer: str) -> dict[str, Any]:
+        try:
+            return await self.call_async(
+                ("CONSUMER", "INFO", stream, consumer), None, f"Consumer {consumer!r}"
+            )
+        except ConsumerNotFoundError as exc:
+            raise self._no_consumer(stream, consumer, exc) from None
+
+    def _no_consumer(self, stream: str, consumer: str, exc: ApiError) -> ApiError:
+        kind = StreamNotFoundError if exc.err_code == STREAM_NOT_FOUND else ConsumerNotFoundError
+        what = (
+            f"Stream {stream!r}"
+            if kind is StreamNotFoundError
+            else f"Consumer {consumer!r} on stream {stream!r}"
+        )
+        return kind(
+            f"{what} does not exist on {self.conn.server_url}: check the stream and group options, "
+            "or create the group.",
+            exc.code,
+            exc.err_code,
+        )
+
+    # -- messages ----------------------------------------------------------------------------
+
+    def direct_get(self, stream: str, request: dict[str, Any]) -> DirectMessage | None:
+        """One Direct Get (``seq``/``next_by_subj``/``last_by_subj``); None when no message matches.
+
+        With ``batch: 1`` the reply carries ``Nats-Num-Pending``: matching messages after this one.
+        """
+        reply = self.conn.run(self._direct_get(stream, request))
+        return reply
+
+    async def _direct_get(self, stream: str, request: dict[str, Any]) -> DirectMessage | None:
+        subject = f"{self.prefix}.DIRECT.GET.{stream}"
+        inbox = self.conn.client.new_inbox()
+        sub = await self.conn.client.subscribe(inbox)
+        try:
+            await self.conn.client.publish(subject, json.dumps(request).encode(), reply=inbox)
+            found: DirectMessage | None = None
+            wait = max(self.conn.options.connect_timeout, 5.0)
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=wait)
+                except Exception:
+                    raise ApiError(
+                        f"Direct Get on stream {stream!r} got no answer: does it allow direct "
+                        "gets (allow_direct: true)?"
+                    ) from None
+                headers = msg.headers or {}
+                status = headers.get("Status")
+                if status == "404" or status == "204":
+                    return found
+                if status:
+                    raise ApiError(
+                        f"Direct Get on stream {stream!r}: {status} {headers.get('Description', '')}"
+                    )
+                pending = headers.get("Nats-Num-Pending")
+                found = DirectMessage(
+                    seq=int(headers["Nats-Sequence"]),
+                    subject=headers.get("Nats-Subject", ""),
+                    num_pending=int(pending) if pending is not None else None,
+                )
+                if "batch" not in request:
+                    return found
+        finally:
+            await sub.unsubscribe()

@@ -1,0 +1,364 @@
+"""The pinned pull reader: read one member consumer's messages in ``(start, end]``.
+
+Protocol (DESIGN section 4): UNPIN the consumer so this attempt takes the pin (an older attempt
+still pulling gets 423 and stops), RESET it to ``start + 1`` (drops whatever an earlier attempt
+left pending), then pull with JSON requests carrying the priority group and, once known, the
+pin id. Until the pin id is known exactly one request is outstanding; after that several are
+pipelined. Nothing is ever acked here: the ack floor moves only when Spark commits.
+
+Messages arrive on the connection's loop thread through a raw handler that only appends bytes
+to column lists; the caller's thread turns full buffers into Arrow record batches. Memory is
+bounded by the pull window: new pulls are sent only while fewer than two record batches wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from .connection import Connection
+from .errors import FencedError, JetStreamError, ReaderError
+from .jsapi import PRIORITY_GROUP, JetStreamApi
+from .rows import RowBuffer
+
+log = logging.getLogger(__name__)
+
+_NS = 1_000_000_000
+_ACK_PREFIX = b"$JS.ACK."
+_STATUS_PREFIX = b"NATS/1.0 "
+_PIN_HEADER = b"Nats-Pin-Id:"
+_MAX_RECOVERIES = 5
+
+
+@dataclass(frozen=True)
+class PullSettings:
+    """Pull tuning (options ``pullBatchSize``, ``pullsInFlight``, ``pullExpires``, ...)."""
+
+    batch: int = 1000
+    in_flight: int = 4
+    expires: float = 5.0
+    idle_heartbeat: float = 1.0
+    record_batch_size: int = 10_000
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> PullSettings:
+        return cls(
+            batch=options["pullBatchSize"],
+            in_flight=options["pullsInFlight"],
+            expires=options["pullExpires"],
+            idle_heartbeat=min(options["pullIdleHeartbeat"], options["pullExpires"] / 2),
+            record_batch_size=options["recordBatchSize"],
+        )
+
+
+@dataclass(frozen=True)
+class MemberRange:
+    """One member consumer and the watermark range ``(start, end]`` to read from it."""
+
+    stream: str
+    consumer: str
+    start: int
+    end: int
+    partitioned: bool = True
+    include_headers: bool = False
+
+
+def read_member(conn: Connection, member: MemberRange, settings: PullSettings) -> Iterator[pa.RecordBatch]:
+    """Yield the member's messages with ``start < seq <= end`` in seq order, as record batches.
+
+    Raises ``FencedError`` when a newer reader takes the pin, ``ReaderError`` when the read
+    cannot make progress. Closing the generator early releases the subscription.
+    """
+    if member.end <= member.start:
+        return
+    pull = _PinnedPull(conn, member, settings)
+    try:
+        conn.run(pull.open())
+        while (rows := conn.run(pull.next_rows())) is not None:
+            yield rows.to_record_batch(member.stream, member.partitioned, member.include_headers)
+    finally:
+        conn.run(pull.close(), timeout=10)
+
+
+def _status(headers: bytes) -> tuple[int, str]:
+    """``b"NATS/1.0 408 Request Timeout\\r\\n..."`` -> ``(408, "Request Timeout")``."""
+    line = headers[len(_STATUS_PREFIX) :].split(b"\r\n", 1)[0].decode(errors="replace")
+    code, _, description = line.partition(" ")
+    return (int(code) if code.isdigit() else 0), description.strip()
+
+
+def _header(headers: bytes, name: bytes) -> str | None:
+    start = headers.find(name)
+    if start < 0:
+        return None
+    end = headers.find(b"\r\n", start)
+    return headers[start + len(name) : end].strip().decode()
+
+
+class _PinnedPull:
+    """State of one read; every method runs on the connection's loop thread."""
+
+    def __init__(self, conn: Connection, member: MemberRange, settings: PullSettings) -> None:
+        self.conn = conn
+        self.api = JetStreamApi(conn)
+        self.member = member
+        self.settings = settings
+        self.pull_subject = self.api.subject("CONSUMER", "MSG", "NEXT", member.stream, member.consumer)
+        self.inbox = ""
+        self.sid: int | None = None
+        self.pin_id: str | None = None
+        self.last_seq = member.start  # highest seq handed out; anything at or below is a redelivery
+        self.requests: deque[int] = deque()  # messages still owed by each outstanding pull, oldest first
+        self.budget = 0  # messages we may still ask for: what matched at RESET time, less what arrived
+        self.rows = RowBuffer()
+        self.ready: deque[RowBuffer] = deque()
+        self.done = False
+        self.error: JetStreamError | None = None
+        self.needs_check = False
+        self.recoveries = 0
+        self.wakeup = asyncio.Event()
+        self.last_activity = 0.0
+
+    @property
+    def name(self) -> str:
+        return f"consumer {self.member.consumer!r} on stream {self.member.stream!r}"
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        await self.api.unpin(self.member.stream, self.member.consumer)
+        await self._reset(self.member.start + 1)
+        if self.done:
+            return
+        self.inbox, self.sid = await self.conn.subscribe_raw(self._on_message)
+        self.last_activity = self.conn.loop.time()
+        self._pull()
+
+    async def close(self) -> None:
+        if self.sid is not None:
+            sid, self.sid = self.sid, None
+            await self.conn.unsubscribe_raw(sid)
+
+    async def _reset(self, seq: int) -> None:
+        info = await self.api.reset(self.member.stream, self.member.consumer, seq)
+        self.budget = info["num_pending"]
+        self._check_config(info["config"])
+        self.requests.clear()
+        if self.budget == 0:
+            self._finish()
+
+    def _check_config(self, config: dict[str, Any]) -> None:
+        if config.get("priority_policy") != "pinned_client" or PRIORITY_GROUP not in config.get(
+            "priority_groups", []
+        ):
+            raise ReaderError(
+                f"The {self.name} is not a pinned member consumer (priority_policy must be pinned_client "
+                f"with priority group {PRIORITY_GROUP!r}): recreate it with the group tooling."
+            )
+        max_ack_pending = config.get("max_ack_pending", 0)
+        if 0 < max_ack_pending < min(self.budget, self.member.end - self.member.start):
+            raise ReaderError(
+                f"The {self.name} has max_ack_pending={max_ack_pending}, but nothing is acked while Spark "
+                "works, so the read would stall: set max_ack_pending to -1 (the group tooling does)."
+            )
+        expires_ns = self.settings.expires * _NS
+        timeout = config.get("priority_timeout", 0)
+        if timeout and expires_ns * 2 >= timeout:
+            raise ReaderError(
+                f"pullExpires ({self.settings.expires:g}s) must stay under half the {self.name}'s "
+                f"priority_timeout ({timeout / _NS:g}s), or the pin lapses between pulls: lower pullExpires."
+            )
+
+    # -- the caller's side -------------------------------------------------------------------
+
+    async def next_rows(self) -> RowBuffer | None:
+        """The next full buffer of rows, or None once the range is read."""
+        stall_after = 3 * self.settings.idle_heartbeat
+        while True:
+            if self.error is not None:
+                raise self.error
+            if self.ready:
+                rows = self.ready.popleft()
+                self._pull()
+                return rows
+            if self.done:
+                return None
+            quiet = self.conn.loop.time() - self.last_activity > stall_after
+            if self.needs_check or quiet or not self.requests:  # no pull could be sent: budget used up
+                self.needs_check = False
+                await self._check_progress()
+                continue
+            self.wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wakeup.wait(), stall_after)
+
+    # -- pulls -------------------------------------------------------------------------------
+
+    def _pull(self) -> None:
+        """Send pull requests while the window allows: one until the pin id is known, then several."""
+        if self.done or self.error is not None or self.sid is None:
+            return
+        buffered = len(self.rows) + sum(len(rows) for rows in self.ready)
+        limit = 1 if self.pin_id is None else self.settings.in_flight
+        while (
+            len(self.requests) < limit
+            and buffered < 2 * self.settings.record_batch_size
+            and (wanted := min(self.settings.batch, self.budget - sum(self.requests))) > 0
+        ):
+            request: dict[str, Any] = {
+                "batch": wanted,
+                "expires": int(self.settings.expires * _NS),
+                "idle_heartbeat": int(self.settings.idle_heartbeat * _NS),
+                "group": PRIORITY_GROUP,
+            }
+            if self.pin_id is not None:
+                request["id"] = self.pin_id
+            self.requests.append(wanted)
+            self.conn.loop.create_task(
+                self.conn.client.publish(self.pull_subject, json.dumps(request).encode(), reply=self.inbox)
+            )
+
+    def _on_message(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        """Raw handler for the pull inbox (loop thread, once per message: keep it lean)."""
+        self.last_activity = self.conn.loop.time()
+        if reply.startswith(_ACK_PREFIX):
+            self._on_data(subject, reply, data, headers)
+        elif headers is not None and headers.startswith(_STATUS_PREFIX):
+            self._on_status(*_status(headers), headers)
+
+    def _on_data(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        self.budget -= 1
+        request_done = False
+        if self.requests:
+            self.requests[0] -= 1
+            if self.requests[0] <= 0:
+                self.requests.popleft()
+                request_done = True
+        if self.pin_id is None and headers:
+            self.pin_id = _header(headers, _PIN_HEADER)
+        if self.done:
+            return
+        # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>, or the 11+ token
+        # form with domain and account hash after "$JS.ACK."
+        tokens = reply.split(b".")
+        base = 2 if len(tokens) >= 11 else 0
+        seq = int(tokens[5 + base])
+        end = self.member.end
+        if seq > self.last_seq:
+            if seq > end:
+                self._finish()
+                return
+            rows = self.rows
+            rows.subjects.append(subject)
+            rows.data.append(data)
+            rows.seqs.append(seq)
+            rows.times.append(int(tokens[7 + base]))
+            if self.member.include_headers:
+                rows.headers.append(headers)
+            self.last_seq = seq
+            if len(rows) >= self.settings.record_batch_size:
+                self.ready.append(rows)
+                self.rows = RowBuffer()
+                self.wakeup.set()
+        if seq >= end or tokens[8 + base] == b"0":  # range complete, or nothing more matches at all
+            self._finish()
+        elif request_done:
+            self._pull()
+
+    def _on_status(self, code: int, description: str, headers: bytes) -> None:
+        if code == 100 or self.done:
+            return
+        if code in (404, 408) or (code == 409 and description == "Batch Completed"):
+            # A pull ended without filling its batch: nothing was deliverable for a whole `expires`.
+            if self.requests:
+                self.requests.popleft()
+            self.needs_check = True
+        elif code == 409 and description == "Leadership Change":
+            self.needs_check = True
+            self.pin_id = None  # pin state is not replicated; a new leader starts unpinned
+            self.requests.clear()
+        elif code == 423:
+            self._fail(
+                FencedError(
+                    f"Read of {self.name} was fenced: a newer reader of this member took the pin "
+                    f"({description}). This attempt is obsolete and stops; the newer one reads the range."
+                )
+            )
+        elif code == 409 and description == "Consumer Deleted":
+            self._fail(ReaderError(f"The {self.name} was deleted while it was being read."))
+        elif code == 503:
+            self._fail(ReaderError(f"No responder for pulls from the {self.name}: does the consumer exist?"))
+        else:
+            self._fail(
+                ReaderError(
+                    f"Pull from the {self.name} failed: {code} {description}. Check the pull options."
+                )
+            )
+        self.wakeup.set()
+
+    def _finish(self) -> None:
+        self.done = True
+        if self.rows:
+            self.ready.append(self.rows)
+            self.rows = RowBuffer()
+        self.wakeup.set()
+
+    def _fail(self, error: JetStreamError) -> None:
+        if self.error is None:
+            self.error = error
+        self.wakeup.set()
+
+    async def _check_progress(self) -> None:
+        """A pull ended empty or the server went quiet: find out why, then finish, recover or fail."""
+        info = await self.api.consumer_info_async(self.member.stream, self.member.consumer)
+        delivered = info["delivered"]["stream_seq"]
+        pinned = next(
+            (
+                g.get("pinned_client_id")
+                for g in info.get("priority_groups", [])
+                if g.get("group") == PRIORITY_GROUP
+            ),
+            None,
+        )
+        if self.done or self.error is not None:
+            return
+        if not pinned:
+            self.pin_id = None  # a leader change or an expired priority_timeout dropped the pin
+        if delivered > self.last_seq:
+            # The server delivered messages this reader never saw (lost pulls after a reconnect
+            # or a leader change): deliver them again from where this reader is.
+            await self._recover(f"deliveries up to seq {delivered} did not arrive")
+        elif info["num_pending"] == 0:
+            self._finish()
+        elif pinned and pinned != self.pin_id:
+            self._fail(
+                ReaderError(
+                    f"Another client is pulling from the {self.name} (it holds pin {pinned}) while "
+                    f"{info['num_pending']} messages are pending: stop that client; only Spark may read "
+                    "a member consumer."
+                )
+            )
+        else:
+            self.budget = info["num_pending"]
+            self.requests.clear()
+            self._pull()
+
+    async def _recover(self, why: str) -> None:
+        self.recoveries += 1
+        if self.recoveries > _MAX_RECOVERIES:
+            self._fail(
+                ReaderError(f"Gave up reading the {self.name} after {_MAX_RECOVERIES} recoveries: {why}.")
+            )
+            return
+        log.warning("Re-reading the %s from seq %d: %s", self.name, self.last_seq + 1, why)
+        await asyncio.sleep(min(0.1 * 2**self.recoveries, 2.0))
+        await self._reset(self.last_seq + 1)
+        self._pull()
