@@ -16,6 +16,7 @@ from .errors import ApiError, ConsumerNotFoundError, StreamNotFoundError
 
 STREAM_NOT_FOUND = 10059
 CONSUMER_NOT_FOUND = 10014
+PRIORITY_GROUP_UNKNOWN = 10160
 
 PRIORITY_GROUP = "PCG"
 """The priority group every member consumer uses (as pcgroups does)."""
@@ -45,30 +46,59 @@ class JetStreamApi:
     def subject(self, *tokens: str) -> str:
         return ".".join((self.prefix, *tokens))
 
-    @staticmethod
-    def decode(raw: bytes, what: str) -> dict[str, Any]:
-        """Parse an API reply; raise the connector's error for an API error."""
+    def decode(self, raw: bytes, what: str, stream: str = "", consumer: str = "") -> dict[str, Any]:
+        """Parse an API reply; raise the connector's error for an API error.
+
+        A missing stream or consumer gets a message that names it and says what to check.
+        """
         reply = json.loads(raw)
         error = reply.get("error")
-        if error:
-            code, err_code = error.get("code", 0), error.get("err_code", 0)
-            text = f"{what}: {error.get('description', 'unknown error')} (error {err_code})"
-            kind = {STREAM_NOT_FOUND: StreamNotFoundError, CONSUMER_NOT_FOUND: ConsumerNotFoundError}.get(
-                err_code, ApiError
+        if not error:
+            return reply
+        code, err_code = error.get("code", 0), error.get("err_code", 0)
+        where = self.conn.server_url + (
+            f" in domain {self.conn.options.domain}" if self.conn.options.domain else ""
+        )
+        if err_code == STREAM_NOT_FOUND and stream:
+            raise StreamNotFoundError(
+                f"Stream {stream!r} does not exist on {where}: check the stream option or create the stream.",
+                code,
+                err_code,
             )
-            raise kind(text, code, err_code)
-        return reply
+        if err_code == CONSUMER_NOT_FOUND and consumer:
+            raise ConsumerNotFoundError(
+                f"Consumer {consumer!r} on stream {stream!r} does not exist on {where}: check the group "
+                "option, or create the group's member consumers.",
+                code,
+                err_code,
+            )
+        raise ApiError(
+            f"{what}: {error.get('description', 'unknown error')} (error {err_code})", code, err_code
+        )
 
-    def call(self, tokens: tuple[str, ...], body: dict[str, Any] | None, what: str) -> dict[str, Any]:
+    def call(
+        self,
+        tokens: tuple[str, ...],
+        body: dict[str, Any] | None,
+        what: str,
+        stream: str = "",
+        consumer: str = "",
+    ) -> dict[str, Any]:
         payload = json.dumps(body).encode() if body is not None else b""
-        return self.decode(self.conn.request(self.subject(*tokens), payload), what)
+        return self.decode(self.conn.request(self.subject(*tokens), payload), what, stream, consumer)
 
     async def call_async(
-        self, tokens: tuple[str, ...], body: dict[str, Any] | None, what: str
+        self,
+        tokens: tuple[str, ...],
+        body: dict[str, Any] | None,
+        what: str,
+        stream: str = "",
+        consumer: str = "",
     ) -> dict[str, Any]:
         payload = json.dumps(body).encode() if body is not None else b""
         wait = max(self.conn.options.connect_timeout, 5.0)
-        return self.decode(await self.conn.request_async(self.subject(*tokens), payload, wait), what)
+        raw = await self.conn.request_async(self.subject(*tokens), payload, wait)
+        return self.decode(raw, what, stream, consumer)
 
     # -- streams -----------------------------------------------------------------------------
 
@@ -76,37 +106,32 @@ class JetStreamApi:
         return self.call(("INFO",), None, "JetStream account info")
 
     def stream_info(self, stream: str) -> dict[str, Any]:
-        try:
-            return self.call(("STREAM", "INFO", stream), None, f"Stream {stream!r}")
-        except StreamNotFoundError as exc:
-            raise StreamNotFoundError(
-                f"Stream {stream!r} does not exist on {self.conn.server_url}"
-                f"{' in domain ' + self.conn.options.domain if self.conn.options.domain else ''}: "
-                "check the stream option or create the stream.",
-                exc.code,
-                exc.err_code,
-            ) from None
+        return self.call(("STREAM", "INFO", stream), None, f"Stream {stream!r}", stream)
 
     def create_stream(self, config: dict[str, Any]) -> dict[str, Any]:
         return self.call(("STREAM", "CREATE", config["name"]), config, f"Creating stream {config['name']!r}")
 
     def update_stream(self, config: dict[str, Any]) -> dict[str, Any]:
-        return self.call(("STREAM", "UPDATE", config["name"]), config, f"Updating stream {config['name']!r}")
+        name = config["name"]
+        return self.call(("STREAM", "UPDATE", name), config, f"Updating stream {name!r}", name)
 
     def delete_stream(self, stream: str) -> None:
-        self.call(("STREAM", "DELETE", stream), None, f"Deleting stream {stream!r}")
+        self.call(("STREAM", "DELETE", stream), None, f"Deleting stream {stream!r}", stream)
 
     def purge_stream(self, stream: str, keep_from_seq: int | None = None) -> None:
         body = {"seq": keep_from_seq} if keep_from_seq else None
-        self.call(("STREAM", "PURGE", stream), body, f"Purging stream {stream!r}")
+        self.call(("STREAM", "PURGE", stream), body, f"Purging stream {stream!r}", stream)
 
     # -- consumers ---------------------------------------------------------------------------
 
     def consumer_info(self, stream: str, consumer: str) -> dict[str, Any]:
-        try:
-            return self.call(("CONSUMER", "INFO", stream, consumer), None, f"Consumer {consumer!r}")
-        except ConsumerNotFoundError as exc:
-            raise self._no_consumer(stream, consumer, exc) from None
+        return self.call(
+            ("CONSUMER", "INFO", stream, consumer), None, f"Consumer {consumer!r}", stream, consumer
+        )
+
+    async def consumer_info_async(self, stream: str, consumer: str) -> dict[str, Any]:
+        tokens = ("CONSUMER", "INFO", stream, consumer)
+        return await self.call_async(tokens, None, f"Consumer {consumer!r}", stream, consumer)
 
     def create_consumer(self, stream: str, config: dict[str, Any], action: str = "") -> dict[str, Any]:
         """Create or update a durable consumer; ``action`` is ``""``, ``"create"`` or ``"update"``."""
@@ -114,55 +139,23 @@ class JetStreamApi:
         if action:
             body["action"] = action
         name = config["durable_name"]
-        return self.call(
-            ("CONSUMER", "CREATE", stream, name), body, f"Creating consumer {name!r} on {stream!r}"
-        )
+        what = f"Creating consumer {name!r} on {stream!r}"
+        return self.call(("CONSUMER", "CREATE", stream, name), body, what, stream)
 
     def delete_consumer(self, stream: str, consumer: str) -> None:
-        self.call(("CONSUMER", "DELETE", stream, consumer), None, f"Deleting consumer {consumer!r}")
+        tokens = ("CONSUMER", "DELETE", stream, consumer)
+        self.call(tokens, None, f"Deleting consumer {consumer!r}", stream, consumer)
 
     async def unpin(self, stream: str, consumer: str, group: str = PRIORITY_GROUP) -> None:
         """Release the consumer's pin: a waiting pull of the old holder gets 423."""
-        try:
-            await self.call_async(
-                ("CONSUMER", "UNPIN", stream, consumer), {"group": group}, f"Unpinning consumer {consumer!r}"
-            )
-        except ConsumerNotFoundError as exc:
-            raise self._no_consumer(stream, consumer, exc) from None
+        tokens = ("CONSUMER", "UNPIN", stream, consumer)
+        await self.call_async(tokens, {"group": group}, f"Unpinning consumer {consumer!r}", stream, consumer)
 
     async def reset(self, stream: str, consumer: str, seq: int) -> dict[str, Any]:
         """Drop pending deliveries, deliver from ``seq`` on (ack floor = seq - 1); returns consumer info."""
-        try:
-            reply = await self.call_async(
-                ("CONSUMER", "RESET", stream, consumer),
-                {"seq": seq},
-                f"Resetting consumer {consumer!r} to seq {seq}",
-            )
-        except ConsumerNotFoundError as exc:
-            raise self._no_consumer(stream, consumer, exc) from None
-        return reply
-
-    async def consumer_info_async(self, stream: str, consumer: str) -> dict[str, Any]:
-        try:
-            return await self.call_async(
-                ("CONSUMER", "INFO", stream, consumer), None, f"Consumer {consumer!r}"
-            )
-        except ConsumerNotFoundError as exc:
-            raise self._no_consumer(stream, consumer, exc) from None
-
-    def _no_consumer(self, stream: str, consumer: str, exc: ApiError) -> ApiError:
-        kind = StreamNotFoundError if exc.err_code == STREAM_NOT_FOUND else ConsumerNotFoundError
-        what = (
-            f"Stream {stream!r}"
-            if kind is StreamNotFoundError
-            else f"Consumer {consumer!r} on stream {stream!r}"
-        )
-        return kind(
-            f"{what} does not exist on {self.conn.server_url}: check the stream and group options, "
-            "or create the group.",
-            exc.code,
-            exc.err_code,
-        )
+        tokens = ("CONSUMER", "RESET", stream, consumer)
+        what = f"Resetting consumer {consumer!r} to seq {seq}"
+        return await self.call_async(tokens, {"seq": seq}, what, stream, consumer)
 
     # -- messages ----------------------------------------------------------------------------
 

@@ -25,8 +25,8 @@ from typing import Any
 import pyarrow as pa
 
 from .connection import Connection
-from .errors import FencedError, JetStreamError, ReaderError
-from .jsapi import PRIORITY_GROUP, JetStreamApi
+from .errors import ApiError, FencedError, JetStreamError, ReaderError
+from .jsapi import PRIORITY_GROUP, PRIORITY_GROUP_UNKNOWN, JetStreamApi
 from .rows import RowBuffer
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,7 @@ class MemberRange:
     end: int
     partitioned: bool = True
     include_headers: bool = False
+    priority_group: str = PRIORITY_GROUP
 
 
 def read_member(conn: Connection, member: MemberRange, settings: PullSettings) -> Iterator[pa.RecordBatch]:
@@ -134,7 +135,14 @@ class _PinnedPull:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def open(self) -> None:
-        await self.api.unpin(self.member.stream, self.member.consumer)
+        try:
+            await self.api.unpin(self.member.stream, self.member.consumer, self.member.priority_group)
+        except ApiError as exc:
+            if exc.err_code != PRIORITY_GROUP_UNKNOWN:
+                raise
+            config = (await self.api.consumer_info_async(self.member.stream, self.member.consumer))["config"]
+            self._check_config(config)
+            raise
         await self._reset(self.member.start + 1)
         if self.done:
             return
@@ -156,12 +164,11 @@ class _PinnedPull:
             self._finish()
 
     def _check_config(self, config: dict[str, Any]) -> None:
-        if config.get("priority_policy") != "pinned_client" or PRIORITY_GROUP not in config.get(
-            "priority_groups", []
-        ):
+        group = self.member.priority_group
+        if config.get("priority_policy") != "pinned_client" or group not in config.get("priority_groups", []):
             raise ReaderError(
                 f"The {self.name} is not a pinned member consumer (priority_policy must be pinned_client "
-                f"with priority group {PRIORITY_GROUP!r}): recreate it with the group tooling."
+                f"with priority group {group!r}): recreate it with the group tooling."
             )
         max_ack_pending = config.get("max_ack_pending", 0)
         if 0 < max_ack_pending < min(self.budget, self.member.end - self.member.start):
@@ -217,7 +224,7 @@ class _PinnedPull:
                 "batch": wanted,
                 "expires": int(self.settings.expires * _NS),
                 "idle_heartbeat": int(self.settings.idle_heartbeat * _NS),
-                "group": PRIORITY_GROUP,
+                "group": self.member.priority_group,
             }
             if self.pin_id is not None:
                 request["id"] = self.pin_id
@@ -324,7 +331,7 @@ class _PinnedPull:
             (
                 g.get("pinned_client_id")
                 for g in info.get("priority_groups", [])
-                if g.get("group") == PRIORITY_GROUP
+                if g.get("group") == self.member.priority_group
             ),
             None,
         )

@@ -1,0 +1,147 @@
+"""Shared fixtures: real nats-server processes and partitioned test streams.
+
+Servers run on free loopback ports with temporary stores. Every server is stopped by its
+fixture (and dies with the test process anyway, through PR_SET_PDEATHSIG); the session ends
+by checking that no server this run started is still alive.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from spark_jetstream.connection import Connection, ConnectionOptions, close_all, connect
+from spark_jetstream.embedded import EmbeddedCluster, EmbeddedServer
+from spark_jetstream.groups import (
+    member_consumer_config,
+    member_consumer_name,
+    partition_filters,
+    partitioned_stream_config,
+)
+from spark_jetstream.jsapi import JetStreamApi
+from spark_jetstream.publish import publish_all
+
+_started_pids: list[int] = []
+
+
+def fnv1a_32(data: bytes) -> int:
+    """The hash behind the server's ``{{partition(N, ...)}}`` transform (test oracle)."""
+    h = 0x811C9DC5
+    for byte in data:
+        h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return h
+
+
+def _track(server: EmbeddedServer) -> EmbeddedServer:
+    if server.pid:
+        _started_pids.append(server.pid)
+    return server
+
+
+@pytest.fixture(scope="session")
+def nats_server() -> Iterator[EmbeddedServer]:
+    server = EmbeddedServer(name="test")
+    server.start()
+    _track(server)
+    yield server
+    close_all()
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def nats_cluster() -> Iterator[EmbeddedCluster]:
+    cluster = EmbeddedCluster(3)
+    cluster.start()
+    for server in cluster.servers:
+        _track(server)
+    yield cluster
+    close_all()
+    cluster.close()
+
+
+@pytest.fixture(scope="session")
+def conn(nats_server: EmbeddedServer) -> Connection:
+    return connect(ConnectionOptions(servers=(nats_server.url,)))
+
+
+@pytest.fixture(scope="session")
+def api(conn: Connection) -> JetStreamApi:
+    return JetStreamApi(conn)
+
+
+_names = itertools.count(1)
+
+
+@dataclass
+class PartitionedStream:
+    """A stream with partitioned subjects, its member consumers, and what was published."""
+
+    name: str
+    group: str
+    partitions: int
+    # seq -> (subject as published, payload, headers, partition)
+    messages: dict[int, tuple[str, bytes, dict[str, str] | None, int]] = field(default_factory=dict)
+
+    def consumer(self, partition: int) -> str:
+        return member_consumer_name(self.group, str(partition))
+
+    def expected(self, partition: int, start: int, end: int) -> list[int]:
+        """Seqs of the partition's messages with ``start < seq <= end``, in order."""
+        return [seq for seq, m in sorted(self.messages.items()) if m[3] == partition and start < seq <= end]
+
+    @property
+    def last_seq(self) -> int:
+        return max(self.messages)
+
+
+@pytest.fixture
+def make_stream(api: JetStreamApi, conn: Connection) -> Iterator[Callable[..., PartitionedStream]]:
+    """Factory: ``make_stream(count, partitions=4, headers=False)`` -> a filled ``PartitionedStream``."""
+    created: list[str] = []
+
+    def make(count: int, partitions: int = 4, headers: bool = False, seed: int = 7) -> PartitionedStream:
+        n = next(_names)
+        stream = PartitionedStream(name=f"T{n}_{os.getpid()}", group=f"g{n}", partitions=partitions)
+        api.create_stream(partitioned_stream_config(stream.name, f"ev{n}.*", partitions))
+        created.append(stream.name)
+        rng = random.Random(seed)
+        batch = []
+        for i in range(count):
+            key = f"k{rng.randrange(1000)}"
+            subject = f"ev{n}.{key}"
+            payload = f"msg-{i}-".encode() + rng.randbytes(rng.randrange(0, 40))
+            hdrs = {"index": str(i), "kind": "odd" if i % 2 else "even"} if headers else None
+            batch.append((subject, payload, hdrs, fnv1a_32(key.encode()) % partitions))
+        result = publish_all(conn, ((s, p, h) for s, p, h, _ in batch))
+        assert result.count == count
+        for offset, message in enumerate(batch):
+            stream.messages[result.first_seq + offset] = message
+        for p in range(partitions):
+            config = member_consumer_config(stream.group, str(p), partition_filters([p]))
+            api.create_consumer(stream.name, config)
+        return stream
+
+    yield make
+    for name in created:
+        api.delete_stream(name)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail loudly if a server this run started outlived its fixture."""
+    alive = []
+    for pid in _started_pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                state = stat.read().split(")")[-1].split()[0]
+            if state != "Z":
+                alive.append(pid)
+        except FileNotFoundError:
+            continue
+    if alive:
+        print(f"\nnats-server processes left running by the tests: {alive}")
+        session.exitstatus = 1

@@ -1,0 +1,168 @@
+"""The pinned pull reader against a real nats-server: exact ranges, replay, fencing, no acks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+
+import pyarrow as pa
+import pytest
+
+from spark_jetstream.connection import Connection
+from spark_jetstream.errors import ConsumerNotFoundError, FencedError, ReaderError, StreamNotFoundError
+from spark_jetstream.groups import member_consumer_config, partition_filters
+from spark_jetstream.jsapi import JetStreamApi
+from spark_jetstream.pull import MemberRange, PullSettings, read_member
+
+SMALL = PullSettings(batch=50, in_flight=3, expires=2.0, idle_heartbeat=0.5, record_batch_size=70)
+
+
+def read_all(conn: Connection, member: MemberRange, settings: PullSettings = SMALL) -> pa.Table:
+    batches = list(read_member(conn, member, settings))
+    return pa.Table.from_batches(batches) if batches else pa.table({"seq": pa.array([], pa.int64())})
+
+
+def test_each_member_yields_exactly_its_messages_in_any_range(conn, make_stream):
+    stream = make_stream(3000, partitions=4)
+    rng = random.Random(11)
+    ranges = [(0, stream.last_seq), (0, 1), (stream.last_seq - 1, stream.last_seq)]
+    ranges += [tuple(sorted(rng.sample(range(stream.last_seq + 1), 2))) for _ in range(6)]
+    for start, end in ranges:
+        for p in range(4):
+            member = MemberRange(stream.name, stream.consumer(p), start, end)
+            table = read_all(conn, member)
+            expected = stream.expected(p, start, end)
+            assert table.column("seq").to_pylist() == expected, (p, start, end)
+            if not expected:
+                continue
+            rows = table.to_pylist()
+            for row in rows:
+                subject, payload, _, partition = stream.messages[row["seq"]]
+                assert row["subject"] == subject
+                assert row["data"] == payload
+                assert row["partition"] == partition == p
+                assert row["stream"] == stream.name
+            assert rows[0]["timestamp"].tzinfo is not None
+            assert table.schema.field("timestamp").type == pa.timestamp("us", tz="UTC")
+
+
+def test_headers_are_returned_without_the_pin_header(conn, make_stream):
+    stream = make_stream(200, partitions=2, headers=True)
+    member = MemberRange(stream.name, stream.consumer(1), 0, stream.last_seq, include_headers=True)
+    rows = read_all(conn, member).to_pylist()
+    assert [r["seq"] for r in rows] == stream.expected(1, 0, stream.last_seq)
+    for row in rows:
+        published = stream.messages[row["seq"]][2]
+        assert dict(row["headers"]) == {k: [v] for k, v in published.items()}
+
+
+def test_reading_acks_nothing(conn, api, make_stream):
+    stream = make_stream(500, partitions=2)
+    for start in (0, 120, 300):
+        read_all(conn, MemberRange(stream.name, stream.consumer(0), start, stream.last_seq))
+        info = api.consumer_info(stream.name, stream.consumer(0))
+        assert info["ack_floor"]["stream_seq"] == start
+        assert info["num_ack_pending"] > 0  # delivered, still unacked
+
+
+def test_replay_after_an_abandoned_partial_read_is_identical(conn, make_stream):
+    stream = make_stream(2000, partitions=2)
+    member = MemberRange(stream.name, stream.consumer(1), 100, 1900)
+    first = read_all(conn, member)
+    partial = read_member(conn, member, SMALL)
+    assert next(partial).num_rows == SMALL.record_batch_size
+    partial.close()  # abandoned mid-way: pulls still outstanding, deliveries pending
+    again = read_all(conn, member)
+    assert again.equals(first)
+    assert first.column("seq").to_pylist() == stream.expected(1, 100, 1900)
+
+
+def test_newer_reader_fences_the_older_one(conn, make_stream):
+    stream = make_stream(3000, partitions=2)
+    member = MemberRange(stream.name, stream.consumer(0), 0, stream.last_seq)
+    expected = stream.expected(0, 0, stream.last_seq)
+    reader_a = read_member(conn, member, SMALL)
+    seen_by_a = next(reader_a).column("seq").to_pylist()
+    assert seen_by_a == expected[: SMALL.record_batch_size]
+    # B starts while A is mid-read (A has pulls outstanding and unread rows buffered).
+    table_b = read_all(conn, member)
+    assert table_b.column("seq").to_pylist() == expected
+    with pytest.raises(FencedError, match="fenced"):
+        for batch in reader_a:
+            seen_by_a += batch.column("seq").to_pylist()
+    assert len(seen_by_a) < len(expected)
+
+
+def test_ranges_without_messages_never_wait_for_a_pull_to_expire(conn, make_stream):
+    stream = make_stream(40, partitions=8)
+    patient = PullSettings(batch=50, in_flight=3, expires=30.0, idle_heartbeat=5.0, record_batch_size=70)
+    assert any(not stream.expected(p, 36, 40) for p in range(8))  # some member has nothing in range
+    started = time.monotonic()
+    for p in range(8):
+        table = read_all(conn, MemberRange(stream.name, stream.consumer(p), 36, 40), patient)
+        assert table.column("seq").to_pylist() == stream.expected(p, 36, 40)
+    assert read_all(conn, MemberRange(stream.name, stream.consumer(0), 40, 40), patient).num_rows == 0
+    beyond = MemberRange(stream.name, stream.consumer(0), stream.last_seq, 10**6)
+    assert read_all(conn, beyond, patient).num_rows == 0
+    assert time.monotonic() - started < patient.expires / 2  # a wait for data that cannot come lasts 30 s
+
+
+def test_range_ending_past_new_messages_stops_at_end(conn, api, make_stream):
+    stream = make_stream(300, partitions=2)
+    end = 200
+    table = read_all(conn, MemberRange(stream.name, stream.consumer(0), 0, end))
+    assert table.column("seq").to_pylist() == stream.expected(0, 0, end)
+
+
+def test_another_client_holding_the_pin_fails_fast(conn, api, make_stream):
+    stream = make_stream(500, partitions=1)
+    consumer = stream.consumer(0)
+    subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream.name}.{consumer}"
+    received: list[bytes] = []
+
+    async def rogue() -> int:
+        """Pull one message (taking the pin), then leave an id-less pull waiting as a standby."""
+        inbox, sid = await conn.subscribe_raw(lambda s, r, d, h: received.append(h or b""))
+        await conn.client.publish(subject, json.dumps({"batch": 1, "group": "PCG"}).encode(), reply=inbox)
+        for _ in range(100):
+            if received:
+                break
+            await asyncio.sleep(0.02)
+        await conn.client.publish(
+            subject, json.dumps({"batch": 1, "group": "PCG", "expires": 30 * 10**9}).encode(), reply=inbox
+        )
+        return sid
+
+    rogue_sid = conn.run(rogue())
+    settings = PullSettings(batch=50, in_flight=2, expires=1.0, idle_heartbeat=0.25, record_batch_size=100)
+    started = time.monotonic()
+    with pytest.raises(ReaderError, match="Another client is pulling from the consumer"):
+        read_all(conn, MemberRange(stream.name, consumer, 0, stream.last_seq), settings)
+    assert time.monotonic() - started < 10
+    conn.run(conn.unsubscribe_raw(rogue_sid))
+
+
+def test_unknown_stream_and_consumer_are_named(conn, make_stream):
+    stream = make_stream(10, partitions=1)
+    with pytest.raises(StreamNotFoundError, match="'NOPE' does not exist"):
+        read_all(conn, MemberRange("NOPE", "g-0", 0, 10))
+    with pytest.raises(ConsumerNotFoundError, match="Consumer 'nobody' on stream"):
+        read_all(conn, MemberRange(stream.name, "nobody", 0, 10))
+
+
+def test_misconfigured_consumers_are_refused(conn, api: JetStreamApi, make_stream):
+    stream = make_stream(100, partitions=1)
+    plain = {"durable_name": "plain", "ack_policy": "explicit", "filter_subject": "0.>"}
+    api.create_consumer(stream.name, plain)
+    with pytest.raises(ReaderError, match="not a pinned member consumer"):
+        read_all(conn, MemberRange(stream.name, "plain", 0, stream.last_seq))
+    stingy = member_consumer_config("s", "0", partition_filters([0])) | {"max_ack_pending": 10}
+    api.create_consumer(stream.name, stingy)
+    with pytest.raises(ReaderError, match="max_ack_pending=10"):
+        read_all(conn, MemberRange(stream.name, "s-0", 0, stream.last_seq))
+    short = member_consumer_config("t", "0", partition_filters([0]), priority_timeout=3.0)
+    api.create_consumer(stream.name, short)
+    with pytest.raises(ReaderError, match="pullExpires"):
+        read_all(conn, MemberRange(stream.name, "t-0", 0, stream.last_seq))
