@@ -268,10 +268,13 @@ async def _open(options: ConnectionOptions) -> _RawClient:
     _check_files(options)
     tls = _tls_context(options)
     errors: list[BaseException] = []
+    refused = asyncio.Event()  # retrying refused credentials is pointless: fail at once
 
     async def on_error(exc: BaseException) -> None:
         errors.append(exc)
         log.debug("nats client error: %s", type(exc).__name__)
+        if "authorization" in str(exc).lower() or "authentication" in str(exc).lower():
+            refused.set()
 
     client = _RawClient()
     kwargs: dict[str, Any] = dict(
@@ -290,14 +293,18 @@ async def _open(options: ConnectionOptions) -> _RawClient:
         password=options.password,
         pending_size=64 * 1024 * 1024,
     )
-    try:
-        await asyncio.wait_for(
-            client.connect(**{k: v for k, v in kwargs.items() if v is not None}), options.connect_timeout
-        )
-    except (Exception, asyncio.CancelledError) as exc:
-        errors.append(exc)
+    connecting = asyncio.ensure_future(client.connect(**{k: v for k, v in kwargs.items() if v is not None}))
+    watching = asyncio.ensure_future(refused.wait())
+    await asyncio.wait(
+        {connecting, watching}, timeout=options.connect_timeout, return_when=asyncio.FIRST_COMPLETED
+    )
+    watching.cancel()
+    if not connecting.done() or connecting.cancelled() or connecting.exception() is not None:
+        if connecting.done() and not connecting.cancelled():
+            errors.append(connecting.exception())  # type: ignore[arg-type]
+        connecting.cancel()
         await _abandon(client)
-        raise ConnectError(_explain(errors, options)) from None
+        raise ConnectError(_explain(errors, options))
     try:
         _check_version(client, options)
     except JetStreamError:

@@ -1,0 +1,319 @@
+"""Benchmark: the connector's pinned pull reader against a raw-protocol pull baseline.
+
+One run starts a real nats-server (``EmbeddedServer``, file store in a temp dir), publishes
+``--messages`` messages of ``--size`` bytes to 1,024 interleaved subjects ``ev.k<i % 1024>`` of a
+stream partitioned ``--partitions`` ways, creates one pinned member consumer per partition
+(group ``bench``), and then drains every member over the whole stream, one member after the
+other, with two contenders taking turns ``--repeat`` times on the same consumers and data:
+
+* ``connector``: ``spark_jetstream.pull.read_member`` with default ``PullSettings``, counting the
+  rows of the Arrow record batches it yields (building them is part of its cost);
+* ``baseline``: the simplest raw NATS protocol pull loop on a blocking TCP socket (no nats-py):
+  one ``CONSUMER.MSG.NEXT`` request of 1,000 messages at a time, carrying the pin id once known,
+  parsing each message's ack reply subject for its seq and pending count and nothing else.
+
+Each contender is timed end to end over all members; the baseline's per-member consumer reset
+(UNPIN + RESET through the connector's API) is set-up and not timed. Both must read exactly
+``--messages`` messages. It prints a table and the ratio connector/baseline msgs/s (best run of
+each); the target is a ratio of at least 0.7.
+
+Run it from the repository root::
+
+    python bench/pull_reader.py --messages 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from spark_jetstream.connection import Connection, ConnectionOptions, close_all, connect
+from spark_jetstream.embedded import EmbeddedServer
+from spark_jetstream.groups import member_consumer_config, partition_filters, partitioned_stream_config
+from spark_jetstream.jsapi import PRIORITY_GROUP, JetStreamApi
+from spark_jetstream.publish import Message, publish_all
+from spark_jetstream.pull import MemberRange, PullSettings, read_member
+
+STREAM = "BENCH"
+GROUP = "bench"
+SUBJECTS = 1024
+TARGET_RATIO = 0.7
+
+BATCH = 1000
+EXPIRES_NS = 5_000_000_000
+RECV_SIZE = 1 << 20
+INBOX = b"_INBOX.bench"
+CONNECT = (
+    b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"no_responders":true,"protocol":1}\r\nPING\r\n'
+)
+ACK_PREFIX = b"$JS.ACK."
+STATUS_4XX = b"NATS/1.0 4"
+PIN_HEADER = b"Nats-Pin-Id:"
+
+
+@dataclass(frozen=True)
+class Run:
+    contender: str
+    index: int
+    messages: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.seconds
+
+
+# -- set-up ------------------------------------------------------------------------------------
+
+
+def setup(api: JetStreamApi, partitions: int) -> list[str]:
+    """Create the partitioned stream and one member consumer per partition; return their names."""
+    api.create_stream(partitioned_stream_config(STREAM, "ev.*", partitions))
+    consumers = []
+    for p in range(partitions):
+        config = member_consumer_config(GROUP, str(p), partition_filters([p]))
+        consumers.append(api.create_consumer(STREAM, config)["name"])
+    return consumers
+
+
+def messages(count: int, size: int) -> Iterator[Message]:
+    subjects = [f"ev.k{k}" for k in range(SUBJECTS)]
+    payload = os.urandom(size)
+    for i in range(count):
+        yield subjects[i % SUBJECTS], payload, None
+
+
+# -- the raw baseline --------------------------------------------------------------------------
+
+
+class RawSocket:
+    """A blocking socket with a receive buffer: just enough NATS protocol for a pull loop."""
+
+    def __init__(self, address: tuple[str, int]) -> None:
+        self.sock = socket.create_connection(address)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = bytearray()
+        self.pos = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def fill(self) -> None:
+        """Drop what was parsed, then append the next chunk from the socket."""
+        del self.buf[: self.pos]
+        self.pos = 0
+        chunk = self.sock.recv(RECV_SIZE)
+        if not chunk:
+            raise ConnectionError("nats-server closed the connection")
+        self.buf += chunk
+
+    def line(self) -> bytes:
+        """The next control line, without its CRLF."""
+        while (eol := self.buf.find(b"\r\n", self.pos)) < 0:
+            self.fill()
+        line = bytes(self.buf[self.pos : eol])
+        self.pos = eol + 2
+        return line
+
+    def handshake(self) -> dict[str, object]:
+        """Read INFO, send CONNECT and PING, wait for PONG; return the server's INFO."""
+        info_line = self.line()
+        if not info_line.startswith(b"INFO "):
+            raise ConnectionError(f"expected INFO, got {info_line[:80]!r}")
+        self.sock.sendall(CONNECT)
+        while (line := self.line()) != b"PONG":
+            if line.startswith(b"-ERR"):
+                raise ConnectionError(line.decode(errors="replace"))
+        return json.loads(info_line[5:])
+
+
+def server_version(address: tuple[str, int]) -> str:
+    raw = RawSocket(address)
+    try:
+        return str(raw.handshake().get("version", "?"))
+    finally:
+        raw.close()
+
+
+def raw_drain(address: tuple[str, int], stream: str, consumer: str) -> int:
+    """Pull every message of a freshly reset pinned consumer; return how many arrived."""
+    raw = RawSocket(address)
+    try:
+        raw.handshake()
+        sock, buf = raw.sock, raw.buf
+        sock.sendall(b"SUB " + INBOX + b" 1\r\n")
+        next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}".encode()
+        pin_id: str | None = None
+        count = 0
+        last_seq = 0
+        done = False
+        while not done:
+            request: dict[str, object] = {"batch": BATCH, "expires": EXPIRES_NS, "group": PRIORITY_GROUP}
+            if pin_id is not None:
+                request["id"] = pin_id
+            body = json.dumps(request).encode()
+            sock.sendall(b"PUB %s %s %d\r\n%s\r\n" % (next_subject, INBOX, len(body), body))
+            in_batch = 0
+            batch_over = False
+            while not batch_over:
+                pos = raw.pos
+                eol = buf.find(b"\r\n", pos)
+                if eol < 0:
+                    raw.fill()  # in place: `buf` stays the same bytearray
+                    continue
+                if buf.startswith(b"HMSG ", pos) or buf.startswith(b"MSG ", pos):
+                    # HMSG <subject> <sid> [reply] <hdr_len> <total_len> / MSG <subject> <sid> [reply] <len>
+                    parts = buf[pos:eol].split()
+                    has_headers = parts[0] == b"HMSG"
+                    reply = parts[3] if len(parts) == (6 if has_headers else 5) else b""
+                    hdr_len = int(parts[-2]) if has_headers else 0
+                    start = eol + 2
+                    end = start + int(parts[-1])
+                    if len(buf) < end + 2:
+                        raw.fill()
+                        continue
+                    raw.pos = end + 2
+                    if reply.startswith(ACK_PREFIX):
+                        # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>
+                        tokens = reply.split(b".")
+                        last_seq = int(tokens[5])
+                        count += 1
+                        in_batch += 1
+                        if pin_id is None and hdr_len:
+                            at = buf.find(PIN_HEADER, start, start + hdr_len)
+                            if at >= 0:
+                                value_end = buf.find(b"\r\n", at)
+                                pin_id = buf[at + len(PIN_HEADER) : value_end].strip().decode()
+                        if tokens[8] == b"0":
+                            done = batch_over = True
+                        elif in_batch == BATCH:
+                            batch_over = True
+                    elif hdr_len and buf.startswith(STATUS_4XX, start):
+                        batch_over = True
+                elif buf.startswith(b"PING", pos):
+                    raw.pos = eol + 2
+                    sock.sendall(b"PONG\r\n")
+                elif buf.startswith(b"-ERR", pos):
+                    raise ConnectionError(bytes(buf[pos:eol]).decode(errors="replace"))
+                else:  # +OK, PONG, async INFO
+                    raw.pos = eol + 2
+        if last_seq <= 0:
+            raise RuntimeError(f"{consumer}: no stream sequence seen")
+        return count
+    finally:
+        raw.close()
+
+
+def run_baseline(
+    conn: Connection, api: JetStreamApi, address: tuple[str, int], consumers: list[str]
+) -> tuple[float, int]:
+    """Drain every member with the raw loop; return (seconds, messages), resets not timed."""
+    seconds = 0.0
+    total = 0
+    for consumer in consumers:
+        conn.run(api.unpin(STREAM, consumer))
+        pending = conn.run(api.reset(STREAM, consumer, 1))["num_pending"]
+        if pending == 0:
+            continue
+        began = time.perf_counter()
+        total += raw_drain(address, STREAM, consumer)
+        seconds += time.perf_counter() - began
+    return seconds, total
+
+
+# -- the connector -----------------------------------------------------------------------------
+
+
+def run_connector(conn: Connection, consumers: list[str], last_seq: int) -> tuple[float, int]:
+    """Drain every member with ``read_member``; return (seconds, messages)."""
+    settings = PullSettings()
+    total = 0
+    began = time.perf_counter()
+    for consumer in consumers:
+        for batch in read_member(conn, MemberRange(STREAM, consumer, 0, last_seq), settings):
+            total += batch.num_rows
+    return time.perf_counter() - began, total
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--messages", type=int, default=1_000_000, help="messages to publish and read")
+    parser.add_argument("--partitions", type=int, default=4, help="partitions = member consumers")
+    parser.add_argument("--size", type=int, default=100, help="payload bytes per message")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each contender, alternating")
+    args = parser.parse_args(argv)
+    if min(args.messages, args.partitions, args.repeat) < 1 or args.size < 0:
+        parser.error("--messages, --partitions and --repeat must be positive, --size not negative")
+    return args
+
+
+def print_table(runs: list[Run]) -> None:
+    print(f"{'contender':<10} {'run':>3} {'messages':>11} {'seconds':>8} {'msgs/s':>10}")
+    for run in runs:
+        print(
+            f"{run.contender:<10} {run.index:>3} {run.messages:>11,} {run.seconds:>8.2f} {run.rate:>10,.0f}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with EmbeddedServer(name="bench") as server:
+        address = ("127.0.0.1", server.port)
+        conn = connect(ConnectionOptions(servers=(server.url,)))
+        try:
+            api = JetStreamApi(conn)
+            consumers = setup(api, args.partitions)
+            print(
+                f"nats-server {server_version(address)}, {os.cpu_count()} cores, "
+                f"Python {platform.python_version()}"
+            )
+
+            began = time.perf_counter()
+            published = publish_all(conn, messages(args.messages, args.size))
+            took = time.perf_counter() - began
+            print(
+                f"published {published.count:,} msgs of {args.size} B to {SUBJECTS:,} subjects "
+                f"in {args.partitions} partitions: {took:.2f} s ({published.count / took:,.0f} msgs/s)"
+            )
+            if published.count != args.messages:
+                raise SystemExit(f"FAILED: published {published.count:,} of {args.messages:,} messages")
+            last_seq = published.last_seq
+
+            contenders: list[tuple[str, Callable[[], tuple[float, int]]]] = [
+                ("baseline", lambda: run_baseline(conn, api, address, consumers)),
+                ("connector", lambda: run_connector(conn, consumers, last_seq)),
+            ]
+            runs: list[Run] = []
+            for index in range(1, args.repeat + 1):
+                for name, contender in contenders:
+                    seconds, count = contender()
+                    if count != args.messages:
+                        raise SystemExit(f"FAILED: {name} run {index} read {count:,} of {args.messages:,}")
+                    runs.append(Run(name, index, count, seconds))
+        finally:
+            close_all()
+
+    print()
+    print_table(runs)
+    best = {name: max(r.rate for r in runs if r.contender == name) for name, _ in contenders}
+    ratio = best["connector"] / best["baseline"]
+    verdict = "meets" if ratio >= TARGET_RATIO else "BELOW"
+    print(
+        f"\nratio connector/baseline (best msgs/s of {args.repeat}): {ratio:.2f} "
+        f"({verdict} the {TARGET_RATIO} target)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Option parsing: names, types, defaults and the errors users see."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from spark_jetstream.connection import ConnectionOptions
+from spark_jetstream.errors import OptionError
+from spark_jetstream.options import CONNECTION_OPTIONS, PULL_OPTIONS, parse_duration, parse_options
+from spark_jetstream.pull import PullSettings
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("500ms", 0.5), ("5s", 5.0), ("2m", 120.0), ("1h", 3600.0), ("1.5", 1.5), (" 3 S ", 3.0)],
+)
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+def test_connection_options_from_user_strings():
+    options = ConnectionOptions.parse(
+        {
+            "SERVERS": "a.example:4223, nats://b.example",
+            "connecttimeout": "750ms",
+            "tls.ca": "/ca.pem",
+            "user": "u",
+            "password": "p",
+            "domain": "hub",
+        }
+    )
+    assert options.servers == ("nats://a.example:4223", "nats://b.example:4222")
+    assert options.connect_timeout == 0.75
+    assert options.tls_ca == "/ca.pem"
+    assert options.api_prefix == "$JS.hub.API"
+    assert ConnectionOptions().api_prefix == "$JS.API"
+
+
+def test_unknown_option_suggests_the_closest_name():
+    with pytest.raises(
+        OptionError, match=re.escape("Unknown option 'connectTimout'. Did you mean 'connectTimeout'?")
+    ):
+        ConnectionOptions.parse({"connectTimout": "5s"})
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            {"connectTimeout": "soon"},
+            "Option 'connectTimeout' has an invalid value 'soon': expected a duration",
+        ),
+        ({"connectTimeout": "0"}, "must be at least 0.1"),
+        ({"servers": ""}, "name at least one server"),
+        ({"servers": "http://x:80"}, "not a server URL"),
+        ({"servers": "nats://x:port"}, "malformed port"),
+        ({"user": "  "}, "must not be empty"),
+    ],
+)
+def test_malformed_values_name_the_option(raw, message):
+    with pytest.raises(OptionError, match=message):
+        ConnectionOptions.parse(raw)
+
+
+def test_secrets_never_show():
+    with pytest.raises(OptionError) as caught:
+        parse_options({"token": ""}, CONNECTION_OPTIONS)
+    assert "<hidden>" in str(caught.value)
+    options = ConnectionOptions(token="t0ken-XYZ", user="bob", password="pa55-XYZ")
+    assert "t0ken-XYZ" not in repr(options) and "pa55-XYZ" not in repr(options)
+    assert options.describe_auth() == "token, user/password"
+
+
+def test_pull_settings_keep_heartbeat_under_half_the_expiry():
+    values = parse_options(
+        {"pullExpires": "2s", "pullIdleHeartbeat": "5s", "pullBatchSize": "1_000"}, PULL_OPTIONS
+    )
+    settings = PullSettings.from_options(values)
+    assert settings.batch == 1000
+    assert settings.idle_heartbeat == 1.0
+    with pytest.raises(OptionError, match="'pullsInFlight' has an invalid value '0': it must be at least 1"):
+        parse_options({"pullsInFlight": "0"}, PULL_OPTIONS)
