@@ -17,6 +17,9 @@ Each contender is timed end to end over all members; the baseline's per-member c
 ``--messages`` messages. It prints a table and the ratio connector/baseline msgs/s (best run of
 each); the target is a ratio of at least 0.7.
 
+The stream uses file storage by default; ``--storage memory`` takes the server's file-store
+read cost (large for filtered consumers) out of both contenders, leaving mostly client cost.
+
 Run it from the repository root::
 
     python bench/pull_reader.py --messages 1000000
@@ -73,9 +76,9 @@ class Run:
 # -- set-up ------------------------------------------------------------------------------------
 
 
-def setup(api: JetStreamApi, partitions: int) -> list[str]:
+def setup(api: JetStreamApi, partitions: int, storage: str) -> list[str]:
     """Create the partitioned stream and one member consumer per partition; return their names."""
-    api.create_stream(partitioned_stream_config(STREAM, "ev.*", partitions))
+    api.create_stream(partitioned_stream_config(STREAM, "ev.*", partitions, storage=storage))
     consumers = []
     for p in range(partitions):
         config = member_consumer_config(GROUP, str(p), partition_filters([p]))
@@ -251,6 +254,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=4, help="partitions = member consumers")
     parser.add_argument("--size", type=int, default=100, help="payload bytes per message")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each contender, alternating")
+    parser.add_argument(
+        "--storage",
+        choices=("file", "memory"),
+        default="file",
+        help="stream storage; memory takes the server's file-store read cost out of both contenders",
+    )
     args = parser.parse_args(argv)
     if min(args.messages, args.partitions, args.repeat) < 1 or args.size < 0:
         parser.error("--messages, --partitions and --repeat must be positive, --size not negative")
@@ -272,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         conn = connect(ConnectionOptions(servers=(server.url,)))
         try:
             api = JetStreamApi(conn)
-            consumers = setup(api, args.partitions)
+            consumers = setup(api, args.partitions, args.storage)
             print(
                 f"nats-server {server_version(address)}, {os.cpu_count()} cores, "
                 f"Python {platform.python_version()}"
@@ -283,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
             took = time.perf_counter() - began
             print(
                 f"published {published.count:,} msgs of {args.size} B to {SUBJECTS:,} subjects "
-                f"in {args.partitions} partitions: {took:.2f} s ({published.count / took:,.0f} msgs/s)"
+                f"in {args.partitions} partitions ({args.storage} storage): {took:.2f} s "
+                f"({published.count / took:,.0f} msgs/s)"
             )
             if published.count != args.messages:
                 raise SystemExit(f"FAILED: published {published.count:,} of {args.messages:,} messages")

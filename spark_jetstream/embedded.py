@@ -201,7 +201,24 @@ class EmbeddedCluster:
             server.launch()
         for server in self.servers:
             server.wait_ready(wait)
+        self.wait_for_meta_leader(wait)
         return self
+
+    def wait_for_meta_leader(self, wait: float = 30.0) -> str:
+        """Wait until the JetStream meta group has elected a leader (API calls fail before that)."""
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            for server in self.servers:
+                try:
+                    url = f"http://127.0.0.1:{server.monitor_port}/jsz"
+                    with urllib.request.urlopen(url, timeout=1) as response:
+                        leader = json.load(response).get("meta_cluster", {}).get("leader")
+                except OSError:
+                    continue
+                if leader:
+                    return leader
+            time.sleep(0.1)
+        raise JetStreamError(f"JetStream cluster elected no meta leader within {wait:g}s.")
 
     def close(self) -> None:
         for server in self.servers:

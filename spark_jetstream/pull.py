@@ -18,14 +18,22 @@ import contextlib
 import json
 import logging
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
 from .connection import Connection
-from .errors import ApiError, FencedError, JetStreamError, ReaderError
+from .errors import (
+    ApiError,
+    ConnectError,
+    ConsumerNotFoundError,
+    FencedError,
+    JetStreamError,
+    ReaderError,
+    StreamNotFoundError,
+)
 from .jsapi import PRIORITY_GROUP, PRIORITY_GROUP_UNKNOWN, JetStreamApi
 from .rows import RowBuffer
 
@@ -36,6 +44,8 @@ _ACK_PREFIX = b"$JS.ACK."
 _STATUS_PREFIX = b"NATS/1.0 "
 _PIN_HEADER = b"Nats-Pin-Id:"
 _MAX_RECOVERIES = 5
+_API_ATTEMPTS = 8  # about 8 s of backoff: long enough for a leader election
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -124,6 +134,7 @@ class _PinnedPull:
         self.done = False
         self.error: JetStreamError | None = None
         self.needs_check = False
+        self.leader_changed = False  # pins seen since then may stem from this reader's own pulls
         self.recoveries = 0
         self.wakeup = asyncio.Event()
         self.last_activity = 0.0
@@ -146,9 +157,16 @@ class _PinnedPull:
         await self._reset(self.member.start + 1)
         if self.done:
             return
-        self.inbox, self.sid = await self.conn.subscribe_raw(self._on_message)
-        self.last_activity = self.conn.loop.time()
+        await self._new_inbox()
         self._pull()
+
+    async def _new_inbox(self) -> None:
+        """Receive on a fresh inbox: late replies to pulls sent before are ignored from now on."""
+        old, (self.inbox, self.sid) = self.sid, await self.conn.subscribe_raw(self._on_message)
+        self.requests.clear()
+        self.last_activity = self.conn.loop.time()
+        if old is not None:
+            await self.conn.unsubscribe_raw(old)
 
     async def close(self) -> None:
         if self.sid is not None:
@@ -211,7 +229,7 @@ class _PinnedPull:
 
     def _pull(self) -> None:
         """Send pull requests while the window allows: one until the pin id is known, then several."""
-        if self.done or self.error is not None or self.sid is None:
+        if self.done or self.error is not None or self.sid is None or self.needs_check:
             return
         buffered = len(self.rows) + sum(len(rows) for rows in self.ready)
         limit = 1 if self.pin_id is None else self.settings.in_flight
@@ -288,10 +306,14 @@ class _PinnedPull:
             if self.requests:
                 self.requests.popleft()
             self.needs_check = True
-        elif code == 409 and description == "Leadership Change":
+        elif code == 503 or (code == 409 and description == "Leadership Change"):
+            # No consumer leader right now (an election), or a new one: pin state is not
+            # replicated and waiting pulls are gone. Whether the consumer still exists, and
+            # what was lost, is found out by the progress check.
             self.needs_check = True
-            self.pin_id = None  # pin state is not replicated; a new leader starts unpinned
             self.requests.clear()
+            self.pin_id = None
+            self.leader_changed = True
         elif code == 423:
             self._fail(
                 FencedError(
@@ -301,8 +323,6 @@ class _PinnedPull:
             )
         elif code == 409 and description == "Consumer Deleted":
             self._fail(ReaderError(f"The {self.name} was deleted while it was being read."))
-        elif code == 503:
-            self._fail(ReaderError(f"No responder for pulls from the {self.name}: does the consumer exist?"))
         else:
             self._fail(
                 ReaderError(
@@ -325,7 +345,9 @@ class _PinnedPull:
 
     async def _check_progress(self) -> None:
         """A pull ended empty or the server went quiet: find out why, then finish, recover or fail."""
-        info = await self.api.consumer_info_async(self.member.stream, self.member.consumer)
+        info = await self._retrying(
+            lambda: self.api.consumer_info_async(self.member.stream, self.member.consumer)
+        )
         delivered = info["delivered"]["stream_seq"]
         pinned = next(
             (
@@ -345,6 +367,10 @@ class _PinnedPull:
             await self._recover(f"deliveries up to seq {delivered} did not arrive")
         elif info["num_pending"] == 0:
             self._finish()
+        elif pinned and pinned != self.pin_id and self.leader_changed:
+            # A pull this reader sent around the election may hold the new pin: take it back.
+            self.leader_changed = False
+            await self._recover(f"the pin moved to {pinned} during a leader change", unpin=True)
         elif pinned and pinned != self.pin_id:
             self._fail(
                 ReaderError(
@@ -354,11 +380,13 @@ class _PinnedPull:
                 )
             )
         else:
+            if not pinned:
+                await self._new_inbox()  # replies to pulls sent under the lost pin must not count
             self.budget = info["num_pending"]
             self.requests.clear()
             self._pull()
 
-    async def _recover(self, why: str) -> None:
+    async def _recover(self, why: str, unpin: bool = False) -> None:
         self.recoveries += 1
         if self.recoveries > _MAX_RECOVERIES:
             self._fail(
@@ -366,6 +394,24 @@ class _PinnedPull:
             )
             return
         log.warning("Re-reading the %s from seq %d: %s", self.name, self.last_seq + 1, why)
-        await asyncio.sleep(min(0.1 * 2**self.recoveries, 2.0))
-        await self._reset(self.last_seq + 1)
+        await self._new_inbox()
+        if unpin:
+            self.pin_id = None
+            await self._retrying(
+                lambda: self.api.unpin(self.member.stream, self.member.consumer, self.member.priority_group)
+            )
+        await self._retrying(lambda: self._reset(self.last_seq + 1))
         self._pull()
+
+    async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Retry an API call through a leader election; a missing stream or consumer is final."""
+        for attempt in range(_API_ATTEMPTS):
+            try:
+                return await call()
+            except (StreamNotFoundError, ConsumerNotFoundError):
+                raise
+            except (ConnectError, ApiError) as exc:
+                if attempt == _API_ATTEMPTS - 1:
+                    raise ReaderError(f"The {self.name} stayed unavailable: {exc}") from None
+                await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
+        raise AssertionError("unreachable")

@@ -1,0 +1,57 @@
+"""The pinned pull reader on a 3-node JetStream cluster with R3 streams and consumers."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+
+from spark_jetstream.connection import ConnectionOptions, connect
+from spark_jetstream.groups import member_consumer_config, partition_filters, partitioned_stream_config
+from spark_jetstream.jsapi import JetStreamApi
+from spark_jetstream.publish import publish_all
+from spark_jetstream.pull import MemberRange, PullSettings, read_member
+
+pytestmark = pytest.mark.slow
+
+SETTINGS = PullSettings(batch=100, in_flight=3, expires=2.0, idle_heartbeat=0.5, record_batch_size=200)
+
+
+@pytest.fixture(scope="module")
+def cluster_api(nats_cluster) -> JetStreamApi:
+    return JetStreamApi(connect(ConnectionOptions(servers=tuple(s.url for s in nats_cluster.servers))))
+
+
+def _seqs(batches: list[pa.RecordBatch]) -> list[int]:
+    return [seq for batch in batches for seq in batch.column("seq").to_pylist()]
+
+
+def test_r3_stream_members_read_exactly(cluster_api):
+    api, conn = cluster_api, cluster_api.conn
+    api.create_stream(partitioned_stream_config("R3", "r3.*", 2, num_replicas=3))
+    rng = random.Random(3)
+    published = publish_all(conn, ((f"r3.k{rng.randrange(500)}", b"x" * 50, None) for _ in range(4000)))
+    assert published.count == 4000
+    for p in range(2):
+        api.create_consumer("R3", member_consumer_config("g", str(p), partition_filters([p])))
+    everything = []
+    for p in range(2):
+        batches = list(read_member(conn, MemberRange("R3", f"g-{p}", 0, published.last_seq), SETTINGS))
+        seqs = _seqs(batches)
+        assert seqs == sorted(set(seqs))
+        assert all(b.column("partition").to_pylist() == [p] * b.num_rows for b in batches)
+        everything += seqs
+    assert sorted(everything) == list(range(published.first_seq, published.last_seq + 1))
+
+
+def test_consumer_leader_change_mid_read_loses_and_doubles_nothing(cluster_api):
+    api, conn = cluster_api, cluster_api.conn
+    api.create_stream(partitioned_stream_config("LC", "lc.*", 1, num_replicas=3))
+    published = publish_all(conn, ((f"lc.k{i % 97}", b"y" * 50, None) for i in range(6000)))
+    api.create_consumer("LC", member_consumer_config("g", "0", partition_filters([0])))
+    reader = read_member(conn, MemberRange("LC", "g-0", 0, published.last_seq), SETTINGS)
+    seqs = _seqs([next(reader)])
+    api.call(("CONSUMER", "LEADER", "STEPDOWN", "LC", "g-0"), None, "stepdown")
+    seqs += _seqs(list(reader))
+    assert seqs == list(range(published.first_seq, published.last_seq + 1))
