@@ -53,9 +53,7 @@ BATCH = 1000
 EXPIRES_NS = 5_000_000_000
 RECV_SIZE = 1 << 20
 INBOX = b"_INBOX.bench"
-CONNECT = (
-    b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"no_responders":true,"protocol":1}\r\nPING\r\n'
-)
+CONNECT = b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"no_responders":true,"protocol":1}\r\nPING\r\n'
 ACK_PREFIX = b"$JS.ACK."
 STATUS_4XX = b"NATS/1.0 4"
 PIN_HEADER = b"Nats-Pin-Id:"
@@ -269,9 +267,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def print_table(runs: list[Run]) -> None:
     print(f"{'contender':<10} {'run':>3} {'messages':>11} {'seconds':>8} {'msgs/s':>10}")
     for run in runs:
-        print(
-            f"{run.contender:<10} {run.index:>3} {run.messages:>11,} {run.seconds:>8.2f} {run.rate:>10,.0f}"
-        )
+        print(f"{run.contender:<10} {run.index:>3} {run.messages:>11,} {run.seconds:>8.2f} {run.rate:>10,.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -282,10 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             api = JetStreamApi(conn)
             consumers = setup(api, args.partitions, args.storage)
-            print(
-                f"nats-server {server_version(address)}, {os.cpu_count()} cores, "
-                f"Python {platform.python_version()}"
-            )
+            print(f"nats-server {server_version(address)}, {os.cpu_count()} cores, Python {platform.python_version()}")
 
             began = time.perf_counter()
             published = publish_all(conn, messages(args.messages, args.size))
@@ -319,8 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio = best["connector"] / best["baseline"]
     verdict = "meets" if ratio >= TARGET_RATIO else "BELOW"
     print(
-        f"\nratio connector/baseline (best msgs/s of {args.repeat}): {ratio:.2f} "
-        f"({verdict} the {TARGET_RATIO} target)"
+        f"\nratio connector/baseline (best msgs/s of {args.repeat}): {ratio:.2f} ({verdict} the {TARGET_RATIO} target)"
     )
     return 0
 

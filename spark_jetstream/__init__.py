@@ -1,5 +1,9 @@
 """spark-jetstream: NATS JetStream as an exactly-once Spark Structured Streaming source and sink."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from .errors import (
     ApiError,
     ConnectError,
@@ -12,7 +16,18 @@ from .errors import (
     StreamNotFoundError,
 )
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 __version__ = "0.1.0"
+
+
+def register(spark: SparkSession) -> None:
+    """Register ``format("jetstream")`` explicitly (``pip install`` already does it on Spark start)."""
+    from .source import JetStreamDataSource
+
+    spark.dataSource.register(JetStreamDataSource)
+
 
 __all__ = [
     "ApiError",
@@ -25,4 +40,5 @@ __all__ = [
     "ServerTooOldError",
     "StreamNotFoundError",
     "__version__",
+    "register",
 ]

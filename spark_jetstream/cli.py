@@ -80,9 +80,7 @@ def demo(args: argparse.Namespace) -> int:
         except StreamNotFoundError:
             pass
         else:
-            raise JetStreamError(
-                f"Stream {stream!r} already exists on {conn.server_url}: pick another with --stream."
-            )
+            raise JetStreamError(f"Stream {stream!r} already exists on {conn.server_url}: pick another with --stream.")
         api.create_stream(partitioned_stream_config(stream, "orders.*", partitions))
         for p in range(partitions):
             api.create_consumer(stream, member_consumer_config(group, str(p), partition_filters([p])))

@@ -94,9 +94,7 @@ class _LoopThread:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self.pid = os.getpid()
-        self._thread = threading.Thread(
-            target=self.loop.run_forever, name="spark-jetstream-loop", daemon=True
-        )
+        self._thread = threading.Thread(target=self.loop.run_forever, name="spark-jetstream-loop", daemon=True)
         self._thread.start()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
@@ -134,9 +132,7 @@ class _RawClient(_NatsClient):
         super().__init__()
         self.raw_handlers: dict[int, RawHandler] = {}
 
-    async def _process_msg(
-        self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None
-    ) -> None:
+    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         handler = self.raw_handlers.get(sid)
         if handler is None:
             await super()._process_msg(sid, subject, reply, data, headers)
@@ -176,9 +172,7 @@ class Connection:
                 f"option right (now {self.options.domain or 'none'})?"
             ) from None
         except NatsTimeoutError:
-            raise ConnectError(
-                f"{subject} got no answer from {self.server_url} within {timeout:g}s."
-            ) from None
+            raise ConnectError(f"{subject} got no answer from {self.server_url} within {timeout:g}s.") from None
         return msg.data
 
     def request(self, subject: str, payload: bytes = b"", timeout: float | None = None) -> bytes:
@@ -295,9 +289,7 @@ async def _open(options: ConnectionOptions) -> _RawClient:
     )
     connecting = asyncio.ensure_future(client.connect(**{k: v for k, v in kwargs.items() if v is not None}))
     watching = asyncio.ensure_future(refused.wait())
-    await asyncio.wait(
-        {connecting, watching}, timeout=options.connect_timeout, return_when=asyncio.FIRST_COMPLETED
-    )
+    await asyncio.wait({connecting, watching}, timeout=options.connect_timeout, return_when=asyncio.FIRST_COMPLETED)
     watching.cancel()
     if not connecting.done() or connecting.cancelled() or connecting.exception() is not None:
         if connecting.done() and not connecting.cancelled():

@@ -41,6 +41,14 @@ class ConsumerNotFoundError(ApiError):
     """The named consumer does not exist."""
 
 
+class GroupConfigError(JetStreamError):
+    """A consumer group's configuration is missing, malformed or does not fit the stream."""
+
+
+class DataLossError(JetStreamError):
+    """Messages a batch needs were removed before they were read."""
+
+
 class FencedError(JetStreamError):
     """A newer reader took this member consumer's pin: this read attempt is obsolete."""
 

@@ -8,7 +8,7 @@ server's JSON, and API errors become the connector's exceptions with actionable 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .connection import Connection
@@ -29,6 +29,8 @@ class DirectMessage:
     seq: int
     subject: str
     num_pending: int | None
+    data: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 class JetStreamApi:
@@ -56,9 +58,7 @@ class JetStreamApi:
         if not error:
             return reply
         code, err_code = error.get("code", 0), error.get("err_code", 0)
-        where = self.conn.server_url + (
-            f" in domain {self.conn.options.domain}" if self.conn.options.domain else ""
-        )
+        where = self.conn.server_url + (f" in domain {self.conn.options.domain}" if self.conn.options.domain else "")
         if err_code == STREAM_NOT_FOUND and stream:
             raise StreamNotFoundError(
                 f"Stream {stream!r} does not exist on {where}: check the stream option or create the stream.",
@@ -72,9 +72,7 @@ class JetStreamApi:
                 code,
                 err_code,
             )
-        raise ApiError(
-            f"{what}: {error.get('description', 'unknown error')} (error {err_code})", code, err_code
-        )
+        raise ApiError(f"{what}: {error.get('description', 'unknown error')} (error {err_code})", code, err_code)
 
     def call(
         self,
@@ -125,13 +123,25 @@ class JetStreamApi:
     # -- consumers ---------------------------------------------------------------------------
 
     def consumer_info(self, stream: str, consumer: str) -> dict[str, Any]:
-        return self.call(
-            ("CONSUMER", "INFO", stream, consumer), None, f"Consumer {consumer!r}", stream, consumer
-        )
+        return self.call(("CONSUMER", "INFO", stream, consumer), None, f"Consumer {consumer!r}", stream, consumer)
 
     async def consumer_info_async(self, stream: str, consumer: str) -> dict[str, Any]:
         tokens = ("CONSUMER", "INFO", stream, consumer)
         return await self.call_async(tokens, None, f"Consumer {consumer!r}", stream, consumer)
+
+    def consumer_names(self, stream: str) -> list[str]:
+        """Names of every consumer on the stream."""
+        names: list[str] = []
+        while True:
+            page = self.call(
+                ("CONSUMER", "NAMES", stream),
+                {"offset": len(names)},
+                f"Listing consumers of {stream!r}",
+                stream,
+            )
+            names += page.get("consumers") or []
+            if not page.get("consumers") or len(names) >= page.get("total", 0):
+                return names
 
     def create_consumer(self, stream: str, config: dict[str, Any], action: str = "") -> dict[str, Any]:
         """Create or update a durable consumer; ``action`` is ``""``, ``"create"`` or ``"update"``."""
@@ -160,14 +170,13 @@ class JetStreamApi:
     # -- messages ----------------------------------------------------------------------------
 
     def direct_get(self, stream: str, request: dict[str, Any]) -> DirectMessage | None:
-        """One Direct Get (``seq``/``next_by_subj``/``last_by_subj``); None when no message matches.
+        """One Direct Get (``seq``/``next_by_subj``/``last_by_subj``/``start_time``); None when none matches.
 
         With ``batch: 1`` the reply carries ``Nats-Num-Pending``: matching messages after this one.
         """
-        reply = self.conn.run(self._direct_get(stream, request))
-        return reply
+        return self.conn.run(self.direct_get_async(stream, request))
 
-    async def _direct_get(self, stream: str, request: dict[str, Any]) -> DirectMessage | None:
+    async def direct_get_async(self, stream: str, request: dict[str, Any]) -> DirectMessage | None:
         subject = f"{self.prefix}.DIRECT.GET.{stream}"
         inbox = self.conn.client.new_inbox()
         sub = await self.conn.client.subscribe(inbox)
@@ -187,15 +196,20 @@ class JetStreamApi:
                 status = headers.get("Status")
                 if status == "404" or status == "204":
                     return found
-                if status:
+                if status == "503":
                     raise ApiError(
-                        f"Direct Get on stream {stream!r}: {status} {headers.get('Description', '')}"
+                        f"Stream {stream!r} does not answer Direct Get: enable it with allow_direct: true "
+                        "(nats stream edit --allow-direct)."
                     )
+                if status:
+                    raise ApiError(f"Direct Get on stream {stream!r}: {status} {headers.get('Description', '')}")
                 pending = headers.get("Nats-Num-Pending")
                 found = DirectMessage(
                     seq=int(headers["Nats-Sequence"]),
                     subject=headers.get("Nats-Subject", ""),
                     num_pending=int(pending) if pending is not None else None,
+                    data=msg.data,
+                    headers=dict(headers),
                 )
                 if "batch" not in request:
                     return found

@@ -12,6 +12,7 @@ import difflib
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -44,6 +45,58 @@ def parse_bool(text: str) -> bool:
     if lowered in ("false", "0", "no"):
         return False
     raise ValueError("expected true or false")
+
+
+def parse_positive_int(text: str) -> int:
+    value = parse_int(text)
+    if value <= 0:
+        raise ValueError("expected a whole number greater than 0")
+    return value
+
+
+def parse_size(text: str) -> int:
+    """``"512k"``, ``"64m"``, ``"1g"`` or a number of bytes."""
+    match = re.match(r"^\s*(\d+)\s*([kmg]?)b?\s*$", text, re.IGNORECASE)
+    if not match:
+        raise ValueError("expected a size such as 1048576, 512k, 64m or 1g")
+    return int(match.group(1)) * 1024 ** " kmg".index(match.group(2).lower() or " ")
+
+
+def parse_position(text: str) -> str | int:
+    """``earliest``, ``latest``, ``group`` or a stream sequence to start at."""
+    lowered = text.strip().lower()
+    if lowered in ("earliest", "latest", "group"):
+        return lowered
+    try:
+        seq = int(lowered)
+    except ValueError:
+        raise ValueError("expected earliest, latest, group or a stream sequence number") from None
+    if seq < 1:
+        raise ValueError("a stream sequence starts at 1")
+    return seq
+
+
+def parse_timestamp(text: str) -> datetime:
+    """An ISO-8601 time (``2026-01-31T12:00:00Z``) or milliseconds since the epoch."""
+    stripped = text.strip()
+    if stripped.isdigit():
+        return datetime.fromtimestamp(int(stripped) / 1000, tz=UTC)
+    try:
+        parsed = datetime.fromisoformat(stripped.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError("expected an ISO-8601 time such as 2026-01-31T12:00:00Z or epoch milliseconds") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def parse_name(text: str) -> str:
+    """A stream or group name: letters, digits, ``-`` and ``_`` (no dots, spaces or wildcards)."""
+    stripped = text.strip()
+    if not _NAME.match(stripped):
+        raise ValueError("use only letters, digits, '-' and '_'")
+    return stripped
 
 
 def parse_text(text: str) -> str:
@@ -84,6 +137,7 @@ class Option:
     doc: str
     secret: bool = False
     minimum: float | None = None
+    required: bool = False
 
     def convert(self, raw: str) -> Any:
         shown = "<hidden>" if self.secret else repr(raw)
@@ -125,8 +179,7 @@ PULL_OPTIONS: tuple[Option, ...] = (
         "pullExpires",
         parse_duration,
         5.0,
-        "How long one pull request may wait at the server; keep it well under half the "
-        "consumer's `priority_timeout`.",
+        "How long one pull request may wait at the server; keep it well under half the consumer's `priority_timeout`.",
         minimum=0.1,
     ),
     Option(
@@ -144,6 +197,10 @@ def parse_options(raw: Mapping[str, str], allowed: Iterable[Option]) -> dict[str
     """Check names against ``allowed`` (case-insensitively, as Spark does) and convert values."""
     by_lower = {option.name.lower(): option for option in allowed}
     values = {option.name: option.default for option in by_lower.values()}
+    given = {key.lower() for key in raw}
+    missing = [option.name for option in by_lower.values() if option.required and option.name.lower() not in given]
+    if missing:
+        raise OptionError(f"Option {missing[0]!r} is required: set it with .option({missing[0]!r}, ...).")
     for key, raw_value in raw.items():
         option = by_lower.get(key.lower())
         if option is None:
@@ -155,3 +212,73 @@ def parse_options(raw: Mapping[str, str], allowed: Iterable[Option]) -> dict[str
             raise OptionError(f"Unknown option {key!r}.{hint} Valid options: {', '.join(sorted(names))}.")
         values[option.name] = option.convert(str(raw_value))
     return values
+
+
+SOURCE_OPTIONS: tuple[Option, ...] = (
+    Option("stream", parse_name, None, "The JetStream stream to read.", required=True),
+    Option(
+        "group",
+        parse_name,
+        None,
+        "The partitioned consumer group; its member consumers are `<group>-<member>`.",
+        required=True,
+    ),
+    Option(
+        "members",
+        parse_positive_int,
+        None,
+        "Members of a group derived from the stream's partition transform (default: one per partition).",
+    ),
+    Option(
+        "startingPosition",
+        parse_position,
+        None,
+        "Where a new query starts: `earliest`, `latest`, `group` (the member consumers' ack floor) or a "
+        "stream sequence. Default: `group` when the member consumers exist, else `earliest`.",
+    ),
+    Option(
+        "startingTimestamp",
+        parse_timestamp,
+        None,
+        "Start at the first message stored at or after this time (ISO-8601 or epoch ms).",
+    ),
+    Option("maxMessagesPerTrigger", parse_positive_int, None, "At most this many messages per micro-batch."),
+    Option(
+        "maxBytesPerTrigger",
+        parse_size,
+        None,
+        "About at most this many bytes per micro-batch (estimated from the stream's average message size).",
+    ),
+    Option(
+        "minMessagesPerTrigger",
+        parse_positive_int,
+        None,
+        "Wait for at least this many messages before a micro-batch (up to `maxTriggerDelay`).",
+    ),
+    Option(
+        "maxTriggerDelay",
+        parse_duration,
+        15 * 60.0,
+        "Longest wait for `minMessagesPerTrigger` before a smaller batch runs.",
+        minimum=0,
+    ),
+    Option(
+        "failOnDataLoss",
+        parse_bool,
+        True,
+        "Fail when messages of a batch were removed before they were read (retention, purge); "
+        "`false` skips them with a warning.",
+    ),
+    Option("includeHeaders", parse_bool, False, "Add the `headers` column."),
+    Option(
+        "ackWait",
+        parse_duration,
+        3600.0,
+        "The member consumers' ack_wait: how long a delivered, uncommitted message waits before the "
+        "server may redeliver it.",
+        minimum=1,
+    ),
+)
+"""Options of ``spark.readStream.format("jetstream")`` besides the connection and pull options."""
+
+READER_OPTIONS = CONNECTION_OPTIONS + PULL_OPTIONS + SOURCE_OPTIONS

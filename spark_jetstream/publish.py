@@ -42,9 +42,7 @@ def publish_all(
     return conn.run(_publish_all(conn, messages, window, timeout))
 
 
-async def _publish_all(
-    conn: Connection, messages: Iterable[Message], window: int, timeout: float
-) -> PublishResult:
+async def _publish_all(conn: Connection, messages: Iterable[Message], window: int, timeout: float) -> PublishResult:
     client = conn.client
     prefix = client.new_inbox()
     in_flight: dict[bytes, str] = {}

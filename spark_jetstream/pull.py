@@ -324,11 +324,7 @@ class _PinnedPull:
         elif code == 409 and description == "Consumer Deleted":
             self._fail(ReaderError(f"The {self.name} was deleted while it was being read."))
         else:
-            self._fail(
-                ReaderError(
-                    f"Pull from the {self.name} failed: {code} {description}. Check the pull options."
-                )
-            )
+            self._fail(ReaderError(f"Pull from the {self.name} failed: {code} {description}. Check the pull options."))
         self.wakeup.set()
 
     def _finish(self) -> None:
@@ -345,9 +341,7 @@ class _PinnedPull:
 
     async def _check_progress(self) -> None:
         """A pull ended empty or the server went quiet: find out why, then finish, recover or fail."""
-        info = await self._retrying(
-            lambda: self.api.consumer_info_async(self.member.stream, self.member.consumer)
-        )
+        info = await self._retrying(lambda: self.api.consumer_info_async(self.member.stream, self.member.consumer))
         delivered = info["delivered"]["stream_seq"]
         pinned = next(
             (
@@ -389,9 +383,7 @@ class _PinnedPull:
     async def _recover(self, why: str, unpin: bool = False) -> None:
         self.recoveries += 1
         if self.recoveries > _MAX_RECOVERIES:
-            self._fail(
-                ReaderError(f"Gave up reading the {self.name} after {_MAX_RECOVERIES} recoveries: {why}.")
-            )
+            self._fail(ReaderError(f"Gave up reading the {self.name} after {_MAX_RECOVERIES} recoveries: {why}."))
             return
         log.warning("Re-reading the %s from seq %d: %s", self.name, self.last_seq + 1, why)
         await self._new_inbox()

@@ -10,9 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_ruff_lint_and_format():
-    lint = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "."], cwd=ROOT, capture_output=True, text=True
-    )
+    lint = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=ROOT, capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout + lint.stderr
     fmt = subprocess.run(
         [sys.executable, "-m", "ruff", "format", "--check", "."], cwd=ROOT, capture_output=True, text=True

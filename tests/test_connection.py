@@ -109,8 +109,6 @@ def old_server_binary(tmp_path_factory: pytest.TempPathFactory) -> str:
 def test_too_old_server_is_refused_with_its_version(old_server_binary):
     with EmbeddedServer(name="old", binary=old_server_binary) as server:
         started = time.monotonic()
-        with pytest.raises(
-            ServerTooOldError, match=f"runs version {OLD_SERVER_VERSION}.*needs nats-server 2.14.5"
-        ):
+        with pytest.raises(ServerTooOldError, match=f"runs version {OLD_SERVER_VERSION}.*needs nats-server 2.14.5"):
             connect(ConnectionOptions(servers=(server.url,)))
         assert time.monotonic() - started < 5

@@ -39,9 +39,7 @@ def test_connection_options_from_user_strings():
 
 
 def test_unknown_option_suggests_the_closest_name():
-    with pytest.raises(
-        OptionError, match=re.escape("Unknown option 'connectTimout'. Did you mean 'connectTimeout'?")
-    ):
+    with pytest.raises(OptionError, match=re.escape("Unknown option 'connectTimout'. Did you mean 'connectTimeout'?")):
         ConnectionOptions.parse({"connectTimout": "5s"})
 
 
@@ -74,9 +72,7 @@ def test_secrets_never_show():
 
 
 def test_pull_settings_keep_heartbeat_under_half_the_expiry():
-    values = parse_options(
-        {"pullExpires": "2s", "pullIdleHeartbeat": "5s", "pullBatchSize": "1_000"}, PULL_OPTIONS
-    )
+    values = parse_options({"pullExpires": "2s", "pullIdleHeartbeat": "5s", "pullBatchSize": "1_000"}, PULL_OPTIONS)
     settings = PullSettings.from_options(values)
     assert settings.batch == 1000
     assert settings.idle_heartbeat == 1.0

@@ -1,0 +1,370 @@
+"""The driver side of a streaming query: group layout, member consumers, ack floors, ownership.
+
+One ``Coordinator`` lives in the long-lived driver-side Python process of a query run. It is
+the only code that moves ack floors: ``commit`` (and the catch-up in ``latest``) RESETs every
+member consumer to the committed watermark, so between batches each member's ack floor equals
+the last offset in Spark's commit log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from .config import SourceConfig
+from .connection import Connection, connect
+from .errors import (
+    ApiError,
+    ConsumerNotFoundError,
+    DataLossError,
+    GroupConfigError,
+    StreamNotFoundError,
+)
+from .groups import GroupLayout, derived_layout, layout_from_config
+from .jsapi import JetStreamApi
+from .offsets import Watermark
+from .planning import Limits, batch_end
+from .pull import MemberRange
+
+log = logging.getLogger(__name__)
+
+STATIC_GROUPS_BUCKET = "static-consumer-groups"
+STREAM_INFO_INTERVAL = 0.1
+"""Seconds between stream-info calls while Spark polls an idle stream (it asks every 10 ms)."""
+
+OWNER_METADATA_KEY = "spark-jetstream.owner"
+_WORKQUEUE_OVERLAP = 10100
+
+
+@dataclass(frozen=True)
+class StreamState:
+    """What ``latestOffset`` needs from stream info."""
+
+    first_seq: int
+    last_seq: int
+    messages: int
+    bytes: int
+    retention: str
+
+    @property
+    def average_size(self) -> float:
+        return self.bytes / self.messages if self.messages else 1.0
+
+
+class Coordinator:
+    """Driver-side state of one query run over one group."""
+
+    def __init__(self, config: SourceConfig) -> None:
+        self.config = config
+        self.conn: Connection = connect(config.connection)
+        self.api = JetStreamApi(self.conn)
+        self.stream = config.stream
+        self._state: StreamState | None = None
+        self._state_at = 0.0
+        self._acked_through: int | None = None  # watermark every member consumer was last reset to
+        self._available_now_cap: int | None = None
+        self._last_batch_at = time.monotonic()
+        self.owner = f"{socket.gethostname()}:{os.getpid()} since {datetime.now(UTC).isoformat(timespec='seconds')}"
+        self._owner_sid: int | None = None
+        self.state(fresh=True)  # fails fast on a missing stream
+        self._claim_group()
+        self.layout = self.resolve_layout()
+
+    # -- stream --------------------------------------------------------------------------------
+
+    def state(self, fresh: bool = False) -> StreamState:
+        """Stream info, at most every ``STREAM_INFO_INTERVAL`` unless ``fresh``."""
+        now = time.monotonic()
+        if fresh or self._state is None or now - self._state_at >= STREAM_INFO_INTERVAL:
+            info = self.api.stream_info(self.stream)
+            state = info["state"]
+            self._state = StreamState(
+                first_seq=state["first_seq"],
+                last_seq=state["last_seq"],
+                messages=state["messages"],
+                bytes=state["bytes"],
+                retention=info["config"].get("retention", "limits"),
+            )
+            self._stream_config = info["config"]
+            self._state_at = now
+        return self._state
+
+    # -- ownership -----------------------------------------------------------------------------
+
+    @property
+    def _owner_subject(self) -> str:
+        return f"_SPARK_JETSTREAM.owner.{self.stream}.{self.config.group}"
+
+    def _claim_group(self) -> None:
+        """Refuse to run while another live query reads this group; then answer for it ourselves.
+
+        Liveness is a core-NATS responder on the owner subject: it vanishes with its process, so a
+        crashed query never blocks its own restart.
+        """
+
+        async def claim() -> tuple[int | None, str]:
+            try:
+                reply = await self.conn.client.request(self._owner_subject, b"", timeout=0.5)
+            except Exception:  # no responders or no answer: nobody owns the group
+                reply = None
+            if reply is not None:
+                return None, reply.data.decode(errors="replace")
+
+            async def answer(msg: Any) -> None:
+                await msg.respond(self.owner.encode())
+
+            sub = await self.conn.client.subscribe(self._owner_subject, cb=answer)
+            return sub._id, ""
+
+        sid, other = self.conn.run(claim())
+        if sid is None:
+            raise GroupConfigError(
+                f"Group {self.config.group!r} on stream {self.stream!r} is already read by a running query "
+                f"({other}): stop that query first; two queries on one group would steal each other's messages."
+            )
+        self._owner_sid = sid
+
+    def close(self) -> None:
+        if self._owner_sid is not None:
+            sid, self._owner_sid = self._owner_sid, None
+            sub = self.conn.client._subs.get(sid)
+            if sub is not None:
+                self.conn.run(sub.unsubscribe(), timeout=5)
+
+    # -- group ---------------------------------------------------------------------------------
+
+    def resolve_layout(self) -> GroupLayout:
+        """The group's layout: its pcgroups config in KV if there is one, else derived from the stream."""
+        config = self._static_group_config()
+        if config is not None:
+            return layout_from_config(self.stream, self.config.group, config, f"KV bucket {STATIC_GROUPS_BUCKET}")
+        self.state()
+        return derived_layout(self._stream_config, self.config.group, self.config.members)
+
+    def _static_group_config(self) -> dict[str, Any] | None:
+        key = f"$KV.{STATIC_GROUPS_BUCKET}.{self.stream}.{self.config.group}"
+        try:
+            self.api.stream_info(f"KV_{STATIC_GROUPS_BUCKET}")
+        except StreamNotFoundError:
+            return None
+        entry = self.api.direct_get(f"KV_{STATIC_GROUPS_BUCKET}", {"last_by_subj": key})
+        if entry is None or entry.headers.get("KV-Operation") in ("DEL", "PURGE"):
+            return None
+        try:
+            return json.loads(entry.data)
+        except ValueError:
+            raise GroupConfigError(
+                f"The group config {self.stream}.{self.config.group} in KV bucket {STATIC_GROUPS_BUCKET} is not "
+                "valid JSON: fix or delete it."
+            ) from None
+
+    def ensure_consumers(self) -> None:
+        """Create or update every member consumer; delete ones of members that left the group."""
+        layout = self.layout
+        metadata = {OWNER_METADATA_KEY: self.owner}
+        for member in layout.member_names:
+            config = layout.consumer_config(member, self.config.ack_wait, metadata)
+            try:
+                self.api.create_consumer(self.stream, config)
+            except ApiError as exc:
+                raise self._consumer_error(layout.consumer(member), exc) from None
+        prefix = f"{layout.group}-"
+        current = {layout.consumer(member) for member in layout.member_names}
+        for name in self.api.consumer_names(self.stream):
+            if not name.startswith(prefix) or name in current:
+                continue
+            metadata = self.api.consumer_info(self.stream, name)["config"].get("metadata") or {}
+            if OWNER_METADATA_KEY in metadata:  # only consumers this connector made
+                log.info("Deleting consumer %s: its member left group %s", name, layout.group)
+                self.api.delete_consumer(self.stream, name)
+
+    def _consumer_error(self, consumer: str, exc: ApiError) -> GroupConfigError:
+        if exc.err_code == _WORKQUEUE_OVERLAP:
+            others = [name for name in self.api.consumer_names(self.stream) if name != consumer]
+            return GroupConfigError(
+                f"Cannot create member consumer {consumer!r}: stream {self.stream!r} is a WorkQueue stream and "
+                f"another consumer ({', '.join(others) or 'unknown'}) already takes overlapping subjects. Delete "
+                "that consumer, or read the stream through an elastic group."
+            )
+        return GroupConfigError(
+            f"Cannot create or update member consumer {consumer!r} on stream {self.stream!r}: {exc}. If it was "
+            "created by other tooling with an incompatible config, delete it or use another group name."
+        )
+
+    def _consumer_infos(self) -> dict[str, dict[str, Any] | None]:
+        async def gather() -> list[Any]:
+            calls = [
+                self.api.consumer_info_async(self.stream, self.layout.consumer(m)) for m in self.layout.member_names
+            ]
+            return await asyncio.gather(*calls, return_exceptions=True)
+
+        infos: dict[str, dict[str, Any] | None] = {}
+        for member, info in zip(self.layout.member_names, self.conn.run(gather()), strict=True):
+            if isinstance(info, ConsumerNotFoundError):
+                infos[member] = None
+            elif isinstance(info, BaseException):
+                raise info
+            else:
+                infos[member] = info
+        return infos
+
+    # -- ack floors ----------------------------------------------------------------------------
+
+    def _reset_all(self, seq: int) -> None:
+        async def reset() -> None:
+            await asyncio.gather(
+                *(self.api.reset(self.stream, self.layout.consumer(m), seq + 1) for m in self.layout.member_names)
+            )
+
+        self.conn.run(reset())
+        self._acked_through = seq
+
+    def on_committed(self, committed: Watermark) -> None:
+        """Spark committed everything up to ``committed``: make every ack floor equal it.
+
+        The first time in a run this reconciles: a consumer behind is moved forward; one ahead
+        (acked data Spark never committed) is an error unless the stream keeps acked messages.
+        """
+        if self._acked_through is None:
+            self._reconcile(committed.seq)
+        elif committed.seq > self._acked_through:
+            self._reset_all(committed.seq)
+
+    def _reconcile(self, committed: int) -> None:
+        self.ensure_consumers()
+        retention = self.state().retention
+        for member, info in self._consumer_infos().items():
+            floor = info["ack_floor"]["stream_seq"] if info else 0
+            if floor > committed and retention != "limits":
+                raise DataLossError(
+                    f"Member consumer {self.layout.consumer(member)!r} has acked up to seq {floor}, past the "
+                    f"checkpoint's seq {committed}, and stream {self.stream!r} ({retention} retention) has "
+                    f"removed acked messages: seqs {committed + 1}..{floor} cannot be replayed. Was the group read "
+                    "by another client, or the checkpoint replaced? Start with a new checkpoint to continue from "
+                    "the group's position."
+                )
+            if floor != committed:
+                log.info(
+                    "Moving %s's ack floor from %d to the checkpoint %d",
+                    self.layout.consumer(member),
+                    floor,
+                    committed,
+                )
+        self._reset_all(committed)
+
+    # -- planning ------------------------------------------------------------------------------
+
+    def initial(self) -> Watermark:
+        """Where a new query starts (no checkpoint yet)."""
+        state = self.state(fresh=True)
+        position = self.config.starting_position
+        if self.config.starting_timestamp is not None:
+            when = self.config.starting_timestamp.astimezone(UTC).isoformat().replace("+00:00", "Z")
+            found = self.api.direct_get(self.stream, {"start_time": when})
+            return Watermark(self.stream, (found.seq if found else state.last_seq + 1) - 1)
+        if position is None:
+            infos = self._consumer_infos()
+            position = "group" if infos and all(infos.values()) else "earliest"
+        if position == "earliest":
+            return Watermark(self.stream, state.first_seq - 1)
+        if position == "latest":
+            return Watermark(self.stream, state.last_seq)
+        if position == "group":
+            infos = self._consumer_infos()
+            missing = [self.layout.consumer(m) for m, info in infos.items() if info is None]
+            if missing:
+                raise GroupConfigError(
+                    f"startingPosition=group, but group {self.config.group!r} has no member consumer "
+                    f"{', '.join(missing)} on stream {self.stream!r}: create the group or start from "
+                    "earliest/latest."
+                )
+            return Watermark(self.stream, min(info["ack_floor"]["stream_seq"] for info in infos.values()))
+        return Watermark(self.stream, int(position) - 1)
+
+    def prepare_available_now(self) -> None:
+        self._available_now_cap = self.state(fresh=True).last_seq
+
+    def latest(self, start: Watermark, limits: Limits) -> Watermark:
+        """The end of the next batch after ``start`` (``start`` itself: no batch now)."""
+        self.on_committed(start)
+        state = self.state()
+        self._check_data_loss(start, state)
+        now = time.monotonic()
+        limits = Limits(
+            limits.max_rows,
+            limits.max_bytes,
+            limits.min_rows,
+            min_rows_waited_out=now - self._last_batch_at >= self.config.max_trigger_delay,
+        )
+        end = batch_end(start.seq, state.last_seq, limits, state.average_size, self._available_now_cap)
+        if end > start.seq:
+            self._last_batch_at = now
+        return Watermark(self.stream, end)
+
+    def _check_data_loss(self, start: Watermark, state: StreamState) -> None:
+        if state.first_seq <= start.seq + 1 or state.last_seq <= start.seq:
+            return
+        lost = f"seqs {start.seq + 1}..{state.first_seq - 1}"
+        if self.config.fail_on_data_loss:
+            raise DataLossError(
+                f"Messages {lost} of stream {self.stream!r} were removed (retention limits or a purge) before "
+                "the query read them. Set failOnDataLoss=false to skip them, or raise the stream's limits."
+            )
+        log.warning("Skipping messages %s of stream %s: removed before they were read", lost, self.stream)
+
+    def plan(self, start: Watermark, end: Watermark) -> list[MemberRange]:
+        """One range per member with messages in ``(start, end]``; membership changes apply here."""
+        layout = self.resolve_layout()
+        changed, self.layout = layout != self.layout, layout
+        if changed and self._acked_through is not None:
+            self.ensure_consumers()
+            self._reset_all(start.seq)
+        else:
+            self.on_committed(start)
+        self._check_data_loss(start, self.state(fresh=True))
+        if end.seq <= start.seq:
+            return []
+        members = [
+            m for m, busy in zip(self.layout.member_names, self._members_with_data(start, end), strict=True) if busy
+        ]
+        return [
+            MemberRange(
+                stream=self.stream,
+                consumer=self.layout.consumer(member),
+                start=start.seq,
+                end=end.seq,
+                partitioned=self.layout.partitioned,
+                include_headers=self.config.include_headers,
+            )
+            for member in members
+        ]
+
+    def _members_with_data(self, start: Watermark, end: Watermark) -> list[bool]:
+        """Whether each member has a message in ``(start, end]``: one Direct Get per filter subject."""
+
+        async def first_seq(subject: str) -> int | None:
+            found = await self.api.direct_get_async(self.stream, {"seq": start.seq + 1, "next_by_subj": subject})
+            return found.seq if found else None
+
+        async def probe() -> list[bool]:
+            results = []
+            for member in self.layout.member_names:
+                subjects = self.layout.filter_subjects(member) or [">"]
+                firsts = await asyncio.gather(*(first_seq(s) for s in subjects))
+                results.append(any(seq is not None and seq <= end.seq for seq in firsts))
+            return results
+
+        if not self._stream_config.get("allow_direct"):
+            return [True] * len(self.layout.member_names)
+        return self.conn.run(probe())
+
+    def commit(self, end: Watermark) -> None:
+        """Spark committed the batch ending at ``end``: the ack on commit."""
+        self.on_committed(end)

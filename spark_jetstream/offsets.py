@@ -1,0 +1,41 @@
+"""The source's offset: one stream-wide watermark sequence.
+
+``{"seq": W, "stream": name}`` means every message of the group with ``seq <= W`` belongs to a
+batch planned at or before this offset. Spark compares offsets as JSON strings and PySpark
+serializes the dict as given, so the keys are always emitted in sorted order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import OptionError
+
+
+@dataclass(frozen=True, order=True)
+class Watermark:
+    """A position in one stream: every message with ``seq <= self.seq`` is behind it."""
+
+    stream: str
+    seq: int
+
+    def to_offset(self) -> dict[str, Any]:
+        return {"seq": self.seq, "stream": self.stream}  # sorted keys: Spark compares JSON text
+
+    @classmethod
+    def from_offset(cls, offset: dict[str, Any], stream: str) -> Watermark:
+        """Parse an offset from the checkpoint; it must belong to ``stream``."""
+        try:
+            found, seq = offset["stream"], int(offset["seq"])
+        except (KeyError, TypeError, ValueError):
+            raise OptionError(
+                f"The checkpoint holds an offset this source cannot read ({offset!r}): was it written by "
+                "another source? Use a new checkpoint location."
+            ) from None
+        if found != stream:
+            raise OptionError(
+                f"The checkpoint was written for stream {found!r} but the stream option is {stream!r}: "
+                "use a new checkpoint location for a different stream."
+            )
+        return cls(stream, seq)

@@ -1,0 +1,128 @@
+"""The Spark-facing layer: the ``jetstream`` data source and its stream reader. Thin: it
+converts Spark's offsets and read limits and delegates to the coordinator (driver) and the
+pinned pull reader (executors).
+
+>>> spark.readStream.format("jetstream").option("servers", "nats://localhost:4222") \\
+...     .option("stream", "orders").option("group", "spark").load()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from .config import SourceConfig
+from .connection import connect
+from .coordinator import Coordinator
+from .offsets import Watermark
+from .planning import Limits
+from .pull import MemberRange, read_member
+from .rows import spark_schema_ddl
+
+
+class MemberPartition(InputPartition):
+    """One Spark input partition: one member consumer and the batch's range."""
+
+    def __init__(self, member: MemberRange) -> None:
+        super().__init__(member)
+        self.member = member
+
+
+class JetStreamDataSource(DataSource):
+    """``format("jetstream")``: NATS JetStream as a Spark source (and, later, sink)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "jetstream"
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.config = SourceConfig.parse(options)  # bad options fail at load()
+
+    def schema(self) -> str:
+        return spark_schema_ddl(self.config.include_headers)
+
+    def streamReader(self, schema: StructType) -> JetStreamStreamReader:
+        return JetStreamStreamReader(self.config)
+
+
+class JetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches are seq ranges of the stream; each member of the group is one partition.
+
+    Driver-side methods run on one instance in one long-lived process per query run and share
+    a ``Coordinator``; ``read`` runs in executors on a pickled copy that never creates one.
+    """
+
+    def __init__(self, config: SourceConfig) -> None:
+        self.config = config
+        self._coordinator: Coordinator | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"config": self.config, "_coordinator": None}
+
+    @property
+    def coordinator(self) -> Coordinator:
+        if self._coordinator is None:
+            self._coordinator = Coordinator(self.config)
+        return self._coordinator
+
+    def _watermark(self, offset: dict[str, Any]) -> Watermark:
+        return Watermark.from_offset(offset, self.config.stream)
+
+    def initialOffset(self) -> dict[str, Any]:
+        return self.coordinator.initial().to_offset()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.config.max_messages is not None:
+            return ReadMaxRows(self.config.max_messages)
+        if self.config.max_bytes is not None:
+            return ReadMaxBytes(self.config.max_bytes)
+        if self.config.min_messages is not None:
+            return ReadMinRows(self.config.min_messages)
+        return ReadAllAvailable()
+
+    def _limits(self, limit: ReadLimit) -> Limits:
+        """Spark passes one limit (or ReadAllAvailable); the other configured limits apply too."""
+        if isinstance(limit, ReadAllAvailable):
+            return Limits()
+        return Limits(
+            max_rows=limit.max_rows if isinstance(limit, ReadMaxRows) else self.config.max_messages,
+            max_bytes=limit.max_bytes if isinstance(limit, ReadMaxBytes) else self.config.max_bytes,
+            min_rows=limit.min_rows if isinstance(limit, ReadMinRows) else self.config.min_messages,
+        )
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        return self.coordinator.latest(self._watermark(start), self._limits(limit)).to_offset()
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return Watermark(self.config.stream, self.coordinator.state().last_seq).to_offset()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.coordinator.prepare_available_now()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        ranges = self.coordinator.plan(self._watermark(start), self._watermark(end))
+        return [MemberPartition(member) for member in ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, MemberPartition)
+        yield from read_member(connect(self.config.connection), partition.member, self.config.pull)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        self.coordinator.commit(self._watermark(end))
+
+    def stop(self) -> None:
+        if self._coordinator is not None:
+            self._coordinator.close()
