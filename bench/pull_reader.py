@@ -143,13 +143,17 @@ def server_version(address: tuple[str, int]) -> str:
         raw.close()
 
 
-def raw_drain(address: tuple[str, int], stream: str, consumer: str) -> int:
-    """Pull every message of a freshly reset pinned consumer; return how many arrived."""
+def raw_drain(address: tuple[str, int], stream: str, consumer: str, inbox: bytes = INBOX) -> int:
+    """Pull every message of a freshly reset pinned consumer; return how many arrived.
+
+    Drains running at the same time need distinct ``inbox`` subjects: every connection
+    subscribed to a subject gets every message published to it.
+    """
     raw = RawSocket(address)
     try:
         raw.handshake()
         sock, buf = raw.sock, raw.buf
-        sock.sendall(b"SUB " + INBOX + b" 1\r\n")
+        sock.sendall(b"SUB " + inbox + b" 1\r\n")
         next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}".encode()
         pin_id: str | None = None
         count = 0
@@ -160,7 +164,7 @@ def raw_drain(address: tuple[str, int], stream: str, consumer: str) -> int:
             if pin_id is not None:
                 request["id"] = pin_id
             body = json.dumps(request).encode()
-            sock.sendall(b"PUB %s %s %d\r\n%s\r\n" % (next_subject, INBOX, len(body), body))
+            sock.sendall(b"PUB %s %s %d\r\n%s\r\n" % (next_subject, inbox, len(body), body))
             in_batch = 0
             batch_over = False
             while not batch_over:

@@ -145,3 +145,23 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if alive:
         print(f"\nnats-server processes left running by the tests: {alive}")
         session.exitstatus = 1
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """A local Spark session with 2 cores; a failed task is tried once more (``local[2,2]``)."""
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2,2]")
+        .appName("spark-jetstream-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.streaming.stopTimeout", "30s")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    for query in session.streams.active:
+        query.stop()
+    session.stop()

@@ -1,0 +1,55 @@
+"""A streaming job run as its own process, so tests can SIGKILL the whole driver mid-batch.
+
+python tests/jobs/stream_to_parquet.py --servers URL --stream S --group G --out DIR --checkpoint DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for name in ("servers", "stream", "group", "out", "checkpoint"):
+        parser.add_argument(f"--{name}", required=True)
+    parser.add_argument("--max-per-trigger", type=int, default=1000)
+    parser.add_argument("--available-now", action="store_true")
+    parser.add_argument("--slow-ms", type=float, default=0.0, help="sleep per row, to make batches slow")
+    args = parser.parse_args()
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    delay = args.slow_ms / 1000
+
+    @F.udf(LongType())
+    def slowly(seq: int) -> int:
+        time.sleep(delay)
+        return seq
+
+    rows = (
+        spark.readStream.format("jetstream")
+        .option("servers", args.servers)
+        .option("stream", args.stream)
+        .option("group", args.group)
+        .option("maxMessagesPerTrigger", args.max_per_trigger)
+        .load()
+        .withColumn("seq", slowly("seq"))
+    )
+    writer = rows.writeStream.format("parquet").option("path", args.out).option("checkpointLocation", args.checkpoint)
+    writer = writer.trigger(availableNow=True) if args.available_now else writer.trigger(processingTime="0 seconds")
+    writer.start().awaitTermination()
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""The streaming source end to end: real Spark, real nats-server, exact outputs and ack floors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType
+
+from spark_jetstream.publish import publish_all
+
+pytestmark = pytest.mark.slow
+
+JOB = Path(__file__).parent / "jobs" / "stream_to_parquet.py"
+
+
+def reader(spark: SparkSession, url: str, stream, **options: object) -> DataFrame:
+    return (
+        spark.readStream.format("jetstream")
+        .option("servers", url)
+        .option("stream", stream.name)
+        .option("group", stream.group)
+        .options(**{k: str(v) for k, v in options.items()})
+        .load()
+    )
+
+
+def expected_rows(spark: SparkSession, stream) -> DataFrame:
+    rows = [(subject, payload, seq, part) for seq, (subject, payload, _, part) in stream.messages.items()]
+    return spark.createDataFrame(rows, "subject string, data binary, seq long, partition int")
+
+
+def checkpoint_log(checkpoint: Path, kind: str) -> dict[int, int]:
+    """Batch id -> the source's seq in ``offsets/``; for ``commits/`` the ids only (seq 0)."""
+    entries = {}
+    for path in (checkpoint / kind).iterdir():
+        if path.name.isdigit():
+            lines = path.read_text().splitlines()
+            entries[int(path.name)] = json.loads(lines[2])["seq"] if kind == "offsets" else 0
+    return entries
+
+
+def ack_floors(api, stream) -> dict[str, int]:
+    return {
+        name: api.consumer_info(stream.name, name)["ack_floor"]["stream_seq"]
+        for name in api.consumer_names(stream.name)
+        if name.startswith(f"{stream.group}-")
+    }
+
+
+def test_parquet_sink_gets_exactly_the_stream_and_ack_floors_equal_the_checkpoint(
+    spark, nats_server, api, make_stream, tmp_path
+):
+    stream = make_stream(5000, partitions=4)
+    query = (
+        reader(spark, nats_server.url, stream, maxMessagesPerTrigger=1500)
+        .writeStream.format("parquet")
+        .option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    assert len(progress) >= 4 and all(p["numInputRows"] <= 1500 for p in progress)
+    output = spark.read.parquet(str(tmp_path / "out")).select("subject", "data", "seq", "partition")
+    assert_df_equality(output, expected_rows(spark, stream), ignore_row_order=True, ignore_nullable=True)
+
+    offsets = checkpoint_log(tmp_path / "cp", "offsets")
+    assert set(checkpoint_log(tmp_path / "cp", "commits")) == set(offsets)
+    assert offsets[max(offsets)] == stream.last_seq
+    assert ack_floors(api, stream) == {stream.consumer(p): stream.last_seq for p in range(4)}
+
+
+def test_between_batches_every_ack_floor_equals_the_last_committed_offset(
+    spark, nats_server, api, make_stream, tmp_path
+):
+    stream = make_stream(3000, partitions=3)
+    floors_seen: dict[int, set[int]] = {}
+
+    def record(batch: DataFrame, batch_id: int) -> None:
+        floors_seen[batch_id] = set(ack_floors(api, stream).values())
+        batch.count()
+
+    query = (
+        reader(spark, nats_server.url, stream, maxMessagesPerTrigger=700)
+        .writeStream.foreachBatch(record)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    offsets = checkpoint_log(tmp_path / "cp", "offsets")
+    assert len(offsets) >= 5
+    for batch_id, floors in floors_seen.items():
+        committed = offsets.get(batch_id - 1, 0)  # batch 0 starts at the initial offset: seq 0 (earliest)
+        assert floors == {committed}, (batch_id, floors, committed)
+    assert set(ack_floors(api, stream).values()) == {stream.last_seq}
+
+
+def test_driver_killed_mid_batch_restarts_exactly_once(spark, nats_server, api, make_stream, tmp_path):
+    stream = make_stream(6000, partitions=4)
+    out, checkpoint = tmp_path / "out", tmp_path / "cp"
+    args = [sys.executable, str(JOB), "--servers", nats_server.url, "--stream", stream.name,
+            "--group", stream.group, "--out", str(out), "--checkpoint", str(checkpoint)]  # fmt: skip
+    child = subprocess.Popen(
+        [*args, "--max-per-trigger", "1000", "--slow-ms", "2"],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while True:  # wait until a batch is planned (offset log) but not committed, after at least one commit
+            assert child.poll() is None, child.stderr.read().decode()[-3000:]
+            offsets = checkpoint_log(checkpoint, "offsets") if (checkpoint / "offsets").exists() else {}
+            commits = checkpoint_log(checkpoint, "commits") if (checkpoint / "commits").exists() else {}
+            if commits and max(offsets) > max(commits):
+                break
+            assert time.monotonic() < deadline, "the job never got mid-batch"
+            time.sleep(0.05)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    assert len(checkpoint_log(checkpoint, "commits")) < len(checkpoint_log(checkpoint, "offsets"))
+
+    finish = subprocess.run([*args, "--available-now"], capture_output=True, text=True, timeout=300)
+    assert finish.returncode == 0, finish.stderr[-3000:]
+    output = spark.read.parquet(str(out)).select("subject", "data", "seq", "partition")
+    assert_df_equality(output, expected_rows(spark, stream), ignore_row_order=True, ignore_nullable=True)
+    assert set(ack_floors(api, stream).values()) == {stream.last_seq}
+
+
+def test_tasks_failing_once_are_retried_and_the_output_stays_exact(spark, nats_server, make_stream, tmp_path):
+    stream = make_stream(2000, partitions=4)
+
+    @F.udf(LongType())
+    def fail_first_attempt(seq: int) -> int:
+        from pyspark import TaskContext
+
+        if TaskContext.get().attemptNumber() == 0:
+            raise RuntimeError("injected failure of a first task attempt")
+        return seq
+
+    query = (
+        reader(spark, nats_server.url, stream, maxMessagesPerTrigger=800)
+        .withColumn("seq", fail_first_attempt("seq"))
+        .writeStream.format("parquet")
+        .option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    output = spark.read.parquet(str(tmp_path / "out")).select("subject", "data", "seq", "partition")
+    assert_df_equality(output, expected_rows(spark, stream), ignore_row_order=True, ignore_nullable=True)
+
+
+def test_available_now_stops_at_the_sequence_seen_at_start(spark, nats_server, conn, api, make_stream, tmp_path):
+    stream = make_stream(4000, partitions=2)
+    subject = next(iter(stream.messages.values()))[0]
+    stop = threading.Event()
+
+    def keep_publishing() -> None:
+        while not stop.is_set():
+            publish_all(conn, ((subject, b"late", None) for _ in range(200)))
+
+    publisher = threading.Thread(target=keep_publishing, daemon=True)
+    publisher.start()
+    try:
+        before = api.stream_info(stream.name)["state"]["last_seq"]
+        query = (
+            reader(spark, nats_server.url, stream, maxMessagesPerTrigger=1000)
+            .writeStream.format("parquet")
+            .option("path", str(tmp_path / "out"))
+            .option("checkpointLocation", str(tmp_path / "cp"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert not query.isActive
+    finally:
+        stop.set()
+        publisher.join()
+    seqs = sorted(r.seq for r in spark.read.parquet(str(tmp_path / "out")).select("seq").collect())
+    target = checkpoint_log(tmp_path / "cp", "offsets")
+    assert seqs[-1] == target[max(target)] >= before
+    assert seqs == list(range(1, seqs[-1] + 1))  # every message up to the target, each once
+    assert api.stream_info(stream.name)["state"]["last_seq"] > seqs[-1]  # publishing went on past it
+
+
+def test_purged_messages_fail_the_query_or_are_skipped(spark, nats_server, api, make_stream, tmp_path):
+    stream = make_stream(1000, partitions=2)
+
+    def run(**options: object):
+        return (
+            reader(spark, nats_server.url, stream, **options)
+            .writeStream.format("parquet")
+            .option("path", str(tmp_path / "out"))
+            .option("checkpointLocation", str(tmp_path / "cp"))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    run().awaitTermination(60)  # the checkpoint is now at seq 1000
+    publish_all(api.conn, ((stream.messages[1][0], b"more", None) for _ in range(500)))  # seqs 1001..1500
+    api.purge_stream(stream.name, keep_from_seq=1201)  # 1001..1200 vanish before the query reads them
+    strict = run()
+    with pytest.raises(Exception, match=r"Messages seqs 1001\.\.1200 of stream '\w+' were removed"):
+        strict.awaitTermination(60)
+
+    run(failOnDataLoss="false").awaitTermination(60)
+    seqs = sorted(r.seq for r in spark.read.parquet(str(tmp_path / "out")).select("seq").collect())
+    assert seqs == [*range(1, 1001), *range(1201, 1501)]
+
+
+def test_a_second_query_on_the_same_group_is_refused(spark, nats_server, make_stream, tmp_path):
+    stream = make_stream(500, partitions=2)
+    first = (
+        reader(spark, nats_server.url, stream)
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "cp1"))
+        .start()
+    )
+    try:
+        first.processAllAvailable()
+        second = (
+            reader(spark, nats_server.url, stream)
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(tmp_path / "cp2"))
+            .start()
+        )
+        with pytest.raises(Exception, match=f"Group '{stream.group}' on stream '{stream.name}' is already read by"):
+            second.awaitTermination(60)
+    finally:
+        first.stop()
