@@ -123,6 +123,7 @@ def start_spark() -> tuple[SparkSession, float]:
         SparkSession.builder.master("local[2]")
         .appName("stream_read bench")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.streaming.numRecentProgressUpdates", "1000000")
         .getOrCreate()
@@ -300,12 +301,19 @@ def print_durations(run: SparkRun) -> None:
 def print_memory(jvm: int | None, jvm_peak_kb: int | None, children: dict[int, tuple[str, int | None]]) -> None:
     """Peak RSS of this (driver) process, and of the Spark JVM and its live children as last seen."""
     driver_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"\npeak RSS: driver Python process {driver_mb:,.0f} MB")
+    print(f"\npeak RSS: driver Python process {driver_mb:,.0f} MB", end="")
     if jvm_peak_kb:
-        print(f"  Spark JVM (pid {jvm}): {jvm_peak_kb / 1024:,.0f} MB")
-    for pid, (name, kb) in sorted(children.items()):
+        print(f", Spark JVM (pid {jvm}) {jvm_peak_kb / 1024:,.0f} MB", end="")
+    print()
+    by_name: dict[str, list[int]] = {}
+    for name, kb in children.values():
         if kb:
-            print(f"  JVM child {pid} {name}: {kb / 1024:,.0f} MB")
+            by_name.setdefault(name, []).append(kb)
+    for name, sizes in sorted(by_name.items()):
+        print(
+            f"  {len(sizes)} live {name} processes under the JVM: peak RSS max {max(sizes) / 1024:,.0f} MB, "
+            f"sum {sum(sizes) / 1024:,.0f} MB"
+        )
 
 
 # -- main --------------------------------------------------------------------------------------

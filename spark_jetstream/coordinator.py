@@ -40,7 +40,7 @@ STREAM_INFO_INTERVAL = 0.1
 """Seconds between stream-info calls while Spark polls an idle stream (it asks every 10 ms)."""
 
 OWNER_METADATA_KEY = "spark-jetstream.owner"
-_WORKQUEUE_OVERLAP = 10100
+_WORKQUEUE_OVERLAP = (10099, 10100)  # unfiltered or overlapping consumers on a WorkQueue stream
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,7 @@ class Coordinator:
                 self.api.delete_consumer(self.stream, name)
 
     def _consumer_error(self, consumer: str, exc: ApiError) -> GroupConfigError:
-        if exc.err_code == _WORKQUEUE_OVERLAP:
+        if exc.err_code in _WORKQUEUE_OVERLAP:
             others = [name for name in self.api.consumer_names(self.stream) if name != consumer]
             return GroupConfigError(
                 f"Cannot create member consumer {consumer!r}: stream {self.stream!r} is a WorkQueue stream and "

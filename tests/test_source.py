@@ -244,3 +244,101 @@ def test_a_second_query_on_the_same_group_is_refused(spark, nats_server, make_st
             second.awaitTermination(60)
     finally:
         first.stop()
+
+
+FRESH = Path(__file__).parent / "jobs" / "fresh_session.py"
+
+
+@pytest.mark.parametrize("master", ["local[2]", "local-cluster[2,1,1024]"])
+def test_format_jetstream_works_in_a_fresh_process_without_registering(master, nats_server, make_stream):
+    stream = make_stream(1200, partitions=2)
+    done = subprocess.run(
+        [sys.executable, str(FRESH), master, nats_server.url, stream.name, stream.group],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd="/",  # nothing from the checkout on sys.path: only the installed package
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    separate_executors = 2 if master.startswith("local-cluster") else 0
+    assert f"RESULT 1200 1200 1 {stream.last_seq} executors {separate_executors}" in done.stdout
+
+
+def error_text(exc: BaseException) -> str:
+    """The whole message of a Spark error (``str()`` of some elides the middle)."""
+    get_message = getattr(exc, "getMessage", None)
+    return get_message() if callable(get_message) else str(exc)
+
+
+def _load(spark: SparkSession, **options: str) -> DataFrame:
+    return spark.readStream.format("jetstream").options(**options).load()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"stream": "S", "group": "g", "maxMessagePerTrigger": "5"},
+            "Unknown option 'maxmessagepertrigger'. Did you mean 'maxMessagesPerTrigger'?",  # Spark lowercases keys
+        ),
+        ({"group": "g"}, "Option 'stream' is required"),
+        (
+            {"stream": "S", "group": "g", "maxMessagesPerTrigger": "-5"},
+            "Option 'maxMessagesPerTrigger' has an invalid value '-5': expected a whole number greater than 0",
+        ),
+        ({"stream": "a.b", "group": "g"}, "Option 'stream' has an invalid value 'a.b'"),
+        (
+            {"stream": "S", "group": "g", "startingPosition": "yesterday"},
+            "expected earliest, latest, group or a stream sequence number",
+        ),
+    ],
+    ids=["typo", "missing-stream-option", "negative", "bad-name", "bad-position"],
+)
+def test_bad_options_fail_at_load_with_the_option_named(spark, options, message):
+    with pytest.raises(Exception) as caught:
+        _load(spark, **options)
+    assert message in error_text(caught.value)
+
+
+def _start_and_expect(df: DataFrame, tmp_path: Path, message: str) -> None:
+    started = time.monotonic()
+    query = df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "cp")).start()
+    with pytest.raises(Exception) as caught:
+        query.awaitTermination(60)
+    assert message in error_text(caught.value)
+    assert time.monotonic() - started < 30
+    assert not query.isActive
+
+
+def test_missing_stream_fails_at_start(spark, nats_server, tmp_path):
+    df = _load(spark, servers=nats_server.url, stream="NoSuchStream", group="g")
+    _start_and_expect(df, tmp_path, "Stream 'NoSuchStream' does not exist on nats://127.0.0.1")
+
+
+def test_unreachable_server_fails_at_start(spark, tmp_path):
+    from spark_jetstream.embedded import free_port
+
+    url = f"nats://127.0.0.1:{free_port()}"
+    df = _load(spark, servers=url, stream="S", group="g", connectTimeout="2s")
+    _start_and_expect(df, tmp_path, f"Cannot reach a NATS server at {url} within 2s")
+
+
+def test_missing_group_with_starting_position_group(spark, nats_server, api, tmp_path):
+    api.create_stream({"name": "NoGroup", "subjects": ["nogroup.>"]})
+    try:
+        df = _load(spark, servers=nats_server.url, stream="NoGroup", group="ghost", startingPosition="group")
+        _start_and_expect(df, tmp_path, "startingPosition=group, but group 'ghost' has no member consumer ghost-0")
+    finally:
+        api.delete_stream("NoGroup")
+
+
+def test_workqueue_stream_with_a_foreign_overlapping_consumer(spark, nats_server, api, tmp_path):
+    api.create_stream({"name": "WQ", "subjects": ["wq.>"], "retention": "workqueue"})
+    try:
+        api.create_consumer("WQ", {"durable_name": "legacy-worker", "ack_policy": "explicit"})
+        df = _load(spark, servers=nats_server.url, stream="WQ", group="g")
+        _start_and_expect(
+            df, tmp_path, "stream 'WQ' is a WorkQueue stream and another consumer (legacy-worker) already takes"
+        )
+    finally:
+        api.delete_stream("WQ")
