@@ -98,7 +98,10 @@ class _LoopThread:
         self._thread.start()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run ``coro`` on the loop and wait for its result (never call from the loop thread)."""
+        """Run ``coro`` on the loop and wait for its result."""
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("sync facade called on the event loop thread: it would wait for itself forever")
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result(timeout)

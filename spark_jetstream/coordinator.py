@@ -218,10 +218,21 @@ class Coordinator:
     # -- ack floors ----------------------------------------------------------------------------
 
     def _reset_all(self, seq: int) -> None:
+        """Move every member consumer's ack floor to ``seq``.
+
+        On a WorkQueue stream a RESET does not remove the messages it skips (measured on 2.15.1;
+        Interest streams do drop them), so the group's subjects below ``seq + 1`` are purged too.
+        """
+        layout = self.layout
+        workqueue = self.state().retention == "workqueue"
+
         async def reset() -> None:
             await asyncio.gather(
-                *(self.api.reset(self.stream, self.layout.consumer(m), seq + 1) for m in self.layout.member_names)
+                *(self.api.reset(self.stream, layout.consumer(m), seq + 1) for m in layout.member_names)
             )
+            if workqueue:
+                subjects = [s for m in layout.member_names for s in layout.filter_subjects(m)] or [""]
+                await asyncio.gather(*(self.api.purge_below(self.stream, seq + 1, s) for s in subjects))
 
         self.conn.run(reset())
         self._acked_through = seq

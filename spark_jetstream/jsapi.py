@@ -120,6 +120,14 @@ class JetStreamApi:
         body = {"seq": keep_from_seq} if keep_from_seq else None
         self.call(("STREAM", "PURGE", stream), body, f"Purging stream {stream!r}", stream)
 
+    async def purge_below(self, stream: str, seq: int, subject: str = "") -> int:
+        """Remove the messages below ``seq`` (matching ``subject`` if given); returns how many went."""
+        body: dict[str, Any] = {"seq": seq}
+        if subject:
+            body["filter"] = subject
+        reply = await self.call_async(("STREAM", "PURGE", stream), body, f"Purging stream {stream!r}", stream)
+        return int(reply.get("purged", 0))
+
     # -- consumers ---------------------------------------------------------------------------
 
     def consumer_info(self, stream: str, consumer: str) -> dict[str, Any]:

@@ -342,3 +342,69 @@ def test_workqueue_stream_with_a_foreign_overlapping_consumer(spark, nats_server
         )
     finally:
         api.delete_stream("WQ")
+
+
+def _available_now(spark, url, stream, checkpoint: Path, **options: object):
+    return (
+        reader(spark, url, stream, **options)
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def test_restart_moves_a_lagging_ack_floor_forward_to_the_checkpoint(spark, nats_server, api, make_stream, tmp_path):
+    stream = make_stream(800, partitions=2)
+    _available_now(spark, nats_server.url, stream, tmp_path / "cp").awaitTermination(60)
+    api.conn.run(api.reset(stream.name, stream.consumer(1), 100))  # someone moved member 1 back to seq 99
+    publish_all(api.conn, ((stream.messages[1][0], b"more", None) for _ in range(10)))
+    _available_now(spark, nats_server.url, stream, tmp_path / "cp").awaitTermination(60)
+    assert set(ack_floors(api, stream).values()) == {stream.last_seq + 10}
+
+
+def test_ack_floor_ahead_of_the_checkpoint_on_a_workqueue_stream_is_refused(spark, nats_server, api, tmp_path):
+    from spark_jetstream.groups import partitioned_stream_config
+
+    api.create_stream(partitioned_stream_config("WQP", "wqp.*", 2, retention="workqueue"))
+    try:
+        publish_all(api.conn, ((f"wqp.k{i}", b"x", None) for i in range(300)))
+        stream = type("S", (), {"name": "WQP", "group": "wg"})
+        _available_now(spark, nats_server.url, stream, tmp_path / "cp", maxMessagesPerTrigger=100).awaitTermination(60)
+        assert api.stream_info("WQP")["state"]["messages"] == 0  # committed data left the work queue
+        publish_all(api.conn, ((f"wqp.k{i}", b"y", None) for i in range(50)))  # seqs 301..350
+        api.conn.run(api.reset("WQP", "wg-0", 341))  # acked behind Spark's back: 301..340 are gone
+        query = _available_now(spark, nats_server.url, stream, tmp_path / "cp")
+        with pytest.raises(Exception) as caught:
+            query.awaitTermination(60)
+        assert "Member consumer 'wg-0' has acked up to seq 340, past the checkpoint's seq 300" in error_text(
+            caught.value
+        )
+    finally:
+        api.delete_stream("WQP")
+
+
+def test_an_idle_query_does_not_hammer_the_server(spark, nats_server, make_stream, tmp_path):
+    import urllib.request
+
+    stream = make_stream(100, partitions=2)
+
+    def api_calls() -> int:
+        with urllib.request.urlopen(f"http://127.0.0.1:{nats_server.monitor_port}/jsz") as response:
+            return json.load(response)["api"]["total"]
+
+    query = (
+        reader(spark, nats_server.url, stream)
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        before = api_calls()
+        time.sleep(3)
+        calls = api_calls() - before
+    finally:
+        query.stop()
+    # Spark asks for the latest offset every 10 ms (300 times in 3 s); stream info is throttled to 10/s.
+    assert calls <= 45, calls
