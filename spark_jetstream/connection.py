@@ -213,6 +213,15 @@ def connect(options: ConnectionOptions) -> Connection:
         return conn
 
 
+def disconnect(options: ConnectionOptions) -> None:
+    """Close this process's cached connection for ``options``, if any."""
+    runner = event_loop()
+    with _connect_lock:
+        conn = _connections.pop(options, None)
+        if conn is not None and not conn.client.is_closed:
+            runner.run(conn.client.close(), timeout=5)
+
+
 def close_all() -> None:
     """Close this process's cached connections (tests and the CLI call it on exit)."""
     runner = event_loop()

@@ -154,7 +154,7 @@ class Coordinator:
             self.api.stream_info(f"KV_{STATIC_GROUPS_BUCKET}")
         except StreamNotFoundError:
             return None
-        entry = self.api.direct_get(f"KV_{STATIC_GROUPS_BUCKET}", {"last_by_subj": key})
+        entry = self.api.last_message(f"KV_{STATIC_GROUPS_BUCKET}", key)
         if entry is None or entry.headers.get("KV-Operation") in ("DEL", "PURGE"):
             return None
         try:

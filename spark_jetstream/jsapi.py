@@ -7,6 +7,7 @@ server's JSON, and API errors become the connector's exceptions with actionable 
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,7 @@ from .errors import ApiError, ConsumerNotFoundError, StreamNotFoundError
 STREAM_NOT_FOUND = 10059
 CONSUMER_NOT_FOUND = 10014
 PRIORITY_GROUP_UNKNOWN = 10160
+NO_MESSAGE_FOUND = 10037
 
 PRIORITY_GROUP = "PCG"
 """The priority group every member consumer uses (as pcgroups does)."""
@@ -176,6 +178,29 @@ class JetStreamApi:
         return await self.call_async(tokens, {"seq": seq}, what, stream, consumer)
 
     # -- messages ----------------------------------------------------------------------------
+
+    def last_message(self, stream: str, subject: str) -> DirectMessage | None:
+        """The last message on ``subject``, read from the stream leader (read-after-write safe)."""
+        try:
+            reply = self.call(("STREAM", "MSG", "GET", stream), {"last_by_subj": subject}, f"Reading {subject}", stream)
+        except ApiError as exc:
+            if exc.err_code == NO_MESSAGE_FOUND:
+                return None
+            raise
+        message = reply["message"]
+        headers: dict[str, str] = {}
+        if message.get("hdrs"):
+            for line in base64.b64decode(message["hdrs"]).decode(errors="replace").split("\r\n")[1:]:
+                key, sep, value = line.partition(":")
+                if sep:
+                    headers[key.strip()] = value.strip()
+        return DirectMessage(
+            seq=message["seq"],
+            subject=message["subject"],
+            num_pending=None,
+            data=base64.b64decode(message.get("data") or ""),
+            headers=headers,
+        )
 
     def direct_get(self, stream: str, request: dict[str, Any]) -> DirectMessage | None:
         """One Direct Get (``seq``/``next_by_subj``/``last_by_subj``/``start_time``); None when none matches.

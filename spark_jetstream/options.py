@@ -282,3 +282,24 @@ SOURCE_OPTIONS: tuple[Option, ...] = (
 """Options of ``spark.readStream.format("jetstream")`` besides the connection and pull options."""
 
 READER_OPTIONS = CONNECTION_OPTIONS + PULL_OPTIONS + SOURCE_OPTIONS
+
+
+def _default_text(option: Option) -> str:
+    default = option.default
+    if default is None:
+        return "required" if option.required else "-"
+    if isinstance(default, tuple):
+        return ",".join(default)
+    if option.parse is parse_duration:
+        return f"{default:g}s"
+    if isinstance(default, bool):
+        return str(default).lower()
+    return str(default)
+
+
+def options_markdown() -> str:
+    """The README's option table, generated from the definitions above."""
+    lines = ["| option | default | meaning |", "|---|---|---|"]
+    for option in READER_OPTIONS:
+        lines.append(f"| `{option.name}` | {_default_text(option)} | {option.doc} |")
+    return "\n".join(lines)

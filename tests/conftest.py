@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from spark_jetstream.connection import Connection, ConnectionOptions, close_all, connect
+from spark_jetstream.connection import Connection, ConnectionOptions, close_all, connect, disconnect
 from spark_jetstream.embedded import EmbeddedCluster, EmbeddedServer
 from spark_jetstream.groups import (
     member_consumer_config,
@@ -60,7 +60,7 @@ def nats_cluster() -> Iterator[EmbeddedCluster]:
     for server in cluster.servers:
         _track(server)
     yield cluster
-    close_all()
+    disconnect(ConnectionOptions(servers=tuple(s.url for s in cluster.servers)))
     cluster.close()
 
 

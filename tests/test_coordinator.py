@@ -1,0 +1,111 @@
+"""The driver-side coordinator against a real server (no Spark): start positions, limits,
+planning, group configs from KV, commit."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+
+import pytest
+
+from spark_jetstream.config import SourceConfig
+from spark_jetstream.coordinator import Coordinator
+from spark_jetstream.errors import GroupConfigError
+from spark_jetstream.offsets import Watermark
+from spark_jetstream.planning import Limits
+from spark_jetstream.publish import publish_all
+
+
+@pytest.fixture
+def coordinators():
+    made: list[Coordinator] = []
+
+    def make(url: str, stream: str, group: str, **options: str) -> Coordinator:
+        config = SourceConfig.parse({"servers": url, "stream": stream, "group": group, **options})
+        made.append(Coordinator(config))
+        return made[-1]
+
+    yield make
+    for coordinator in made:
+        coordinator.close()
+
+
+def test_starting_positions(nats_server, conn, make_stream, coordinators):
+    stream = make_stream(300, partitions=2)
+    url = nats_server.url
+    assert coordinators(url, stream.name, "fresh").initial() == Watermark(stream.name, 0)  # no consumers: earliest
+    assert coordinators(url, stream.name, "a", startingPosition="latest").initial().seq == 300
+    assert coordinators(url, stream.name, "b", startingPosition="120").initial().seq == 119
+    time.sleep(0.05)
+    middle = datetime.now(UTC)
+    time.sleep(0.05)
+    publish_all(conn, ((stream.messages[1][0], b"later", None) for _ in range(5)))  # seqs 301..305
+    assert coordinators(url, stream.name, "c", startingTimestamp=middle.isoformat()).initial().seq == 300
+    later = str(int(time.time() * 1000) + 60_000)
+    assert coordinators(url, stream.name, "d", startingTimestamp=later).initial().seq == 305
+
+
+def test_group_position_is_the_member_consumers_ack_floor(nats_server, api, make_stream, coordinators):
+    stream = make_stream(300, partitions=2)  # make_stream created the group's member consumers
+    for p in range(2):
+        api.conn.run(api.reset(stream.name, stream.consumer(p), 101 + p * 50))  # floors 100 and 150
+    coordinator = coordinators(nats_server.url, stream.name, stream.group)
+    assert coordinator.initial().seq == 100  # default is "group" once the consumers exist: the lowest floor
+    with pytest.raises(GroupConfigError, match="has no member consumer ghost-0, ghost-1"):
+        coordinators(nats_server.url, stream.name, "ghost", startingPosition="group").initial()
+
+
+def test_limits_and_plans(nats_server, api, make_stream, coordinators):
+    stream = make_stream(1000, partitions=8)
+    coordinator = coordinators(nats_server.url, stream.name, stream.group)
+    start = Watermark(stream.name, 0)
+    assert coordinator.latest(start, Limits(max_rows=250)).seq == 250
+    assert coordinator.latest(start, Limits()).seq == 1000
+    ranges = coordinator.plan(Watermark(stream.name, 990), Watermark(stream.name, 1000))
+    with_data = {p for p in range(8) if stream.expected(p, 990, 1000)}
+    assert {r.consumer for r in ranges} == {stream.consumer(p) for p in with_data}  # empty members skipped
+    assert len(with_data) < 8
+    coordinator.commit(Watermark(stream.name, 1000))
+    floors = {api.consumer_info(stream.name, stream.consumer(p))["ack_floor"]["stream_seq"] for p in range(8)}
+    assert floors == {1000}
+
+
+def test_a_pcgroups_static_group_in_kv_is_read(nats_server, conn, api, make_stream, coordinators):
+    stream = make_stream(600, partitions=4)
+
+    async def write_config() -> None:
+        js = conn.client.jetstream()
+        kv = await js.create_key_value(bucket="static-consumer-groups")
+        # Exactly what pcgroups writes: members mapped by hand, partitions as a list of ints.
+        config = {"max_members": 4, "member_mappings": [{"member": "alice", "partitions": [0, 3]},
+                                                        {"member": "bob", "partitions": [1, 2]}]}  # fmt: skip
+        await kv.put(f"{stream.name}.kvgroup", json.dumps(config).encode())
+
+    conn.run(write_config())
+    try:
+        coordinator = coordinators(nats_server.url, stream.name, "kvgroup")
+        layout = coordinator.layout
+        assert layout.source == "KV bucket static-consumer-groups"
+        assert dict(layout.members) == {"alice": (0, 3), "bob": (1, 2)}
+        ranges = coordinator.plan(Watermark(stream.name, 0), Watermark(stream.name, 600))
+        assert sorted(r.consumer for r in ranges) == ["kvgroup-alice", "kvgroup-bob"]
+        info = api.consumer_info(stream.name, "kvgroup-alice")["config"]
+        assert info["filter_subjects"] == ["0.>", "3.>"] and info["priority_groups"] == ["PCG"]
+    finally:
+        api.delete_stream("KV_static-consumer-groups")
+
+
+def test_members_option_on_a_partitioned_stream(nats_server, make_stream, coordinators):
+    stream = make_stream(100, partitions=4)
+    layout = coordinators(nats_server.url, stream.name, "two", members="2").layout
+    assert dict(layout.members) == {"0": (0, 1), "1": (2, 3)}
+    with pytest.raises(GroupConfigError, match="members=5 is more than the 4 partitions"):
+        coordinators(nats_server.url, stream.name, "five", members="5")
+
+
+def test_a_second_coordinator_on_a_group_is_refused(nats_server, make_stream, coordinators):
+    stream = make_stream(10, partitions=1)
+    coordinators(nats_server.url, stream.name, "solo")
+    with pytest.raises(GroupConfigError, match=r"Group 'solo' on stream .* is already read by a running query"):
+        coordinators(nats_server.url, stream.name, "solo")

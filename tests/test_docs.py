@@ -1,0 +1,25 @@
+"""The README stays true to the code."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from spark_jetstream.options import options_markdown
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_readme_option_table_is_generated_from_the_option_definitions():
+    text = README.read_text()
+    table = re.search(r"<!-- options-table:start -->\n(.*?)\n<!-- options-table:end -->", text, re.S)
+    assert table, "the README lost its options table markers"
+    assert table.group(1) == options_markdown(), "regenerate it from spark_jetstream.options.options_markdown()"
+
+
+def test_readme_starts_with_the_two_setup_commands():
+    lines = README.read_text().splitlines()
+    commands = lines[lines.index("```bash") + 1 : lines.index("```bash") + 3]
+    assert commands == ["pip install '.[server]' && spark-jetstream demo", "pip install '.[test]' && python -m pytest"]
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert commands[1] in ci
