@@ -9,7 +9,7 @@ the last offset in Spark's commit log.
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
 import os
 import socket
@@ -27,7 +27,15 @@ from .errors import (
     GroupConfigError,
     StreamNotFoundError,
 )
-from .groups import GroupLayout, derived_layout, layout_from_config
+from .groups import (
+    ELASTIC_BUCKET,
+    STATIC_BUCKET,
+    GroupConfig,
+    GroupLayout,
+    derived_layout,
+    layout_from_config,
+    transform_partitions,
+)
 from .jsapi import JetStreamApi
 from .offsets import Watermark
 from .planning import Limits, batch_end
@@ -35,7 +43,6 @@ from .pull import MemberRange
 
 log = logging.getLogger(__name__)
 
-STATIC_GROUPS_BUCKET = "static-consumer-groups"
 STREAM_INFO_INTERVAL = 0.1
 """Seconds between stream-info calls while Spark polls an idle stream (it asks every 10 ms)."""
 
@@ -65,7 +72,8 @@ class Coordinator:
         self.config = config
         self.conn: Connection = connect(config.connection)
         self.api = JetStreamApi(self.conn)
-        self.stream = config.stream
+        self.source_stream = config.stream
+        self._source_config = self.api.stream_info(config.stream)["config"]  # fails fast on a missing stream
         self._state: StreamState | None = None
         self._state_at = 0.0
         self._acked_through: int | None = None  # watermark every member consumer was last reset to
@@ -73,9 +81,10 @@ class Coordinator:
         self._last_batch_at = time.monotonic()
         self.owner = f"{socket.gethostname()}:{os.getpid()} since {datetime.now(UTC).isoformat(timespec='seconds')}"
         self._owner_sid: int | None = None
-        self.state(fresh=True)  # fails fast on a missing stream
         self._claim_group()
         self.layout = self.resolve_layout()
+        self.stream = self.layout.stream  # the work stream of an elastic group
+        self.state(fresh=True)
 
     # -- stream --------------------------------------------------------------------------------
 
@@ -100,7 +109,7 @@ class Coordinator:
 
     @property
     def _owner_subject(self) -> str:
-        return f"_SPARK_JETSTREAM.owner.{self.stream}.{self.config.group}"
+        return f"_SPARK_JETSTREAM.owner.{self.source_stream}.{self.config.group}"
 
     def _claim_group(self) -> None:
         """Refuse to run while another live query reads this group; then answer for it ourselves.
@@ -126,7 +135,7 @@ class Coordinator:
         sid, other = self.conn.run(claim())
         if sid is None:
             raise GroupConfigError(
-                f"Group {self.config.group!r} on stream {self.stream!r} is already read by a running query "
+                f"Group {self.config.group!r} on stream {self.source_stream!r} is already read by a running query "
                 f"({other}): stop that query first; two queries on one group would steal each other's messages."
             )
         self._owner_sid = sid
@@ -141,49 +150,98 @@ class Coordinator:
     # -- group ---------------------------------------------------------------------------------
 
     def resolve_layout(self) -> GroupLayout:
-        """The group's layout: its pcgroups config in KV if there is one, else derived from the stream."""
-        config = self._static_group_config()
-        if config is not None:
-            return layout_from_config(self.stream, self.config.group, config, f"KV bucket {STATIC_GROUPS_BUCKET}")
-        self.state()
-        return derived_layout(self._stream_config, self.config.group, self.config.members)
+        """The group's layout: its pcgroups config in KV (static, then elastic) if there is one,
+        else derived from the stream's partition transform."""
+        group, stream = self.config.group, self.source_stream
+        static = self._group_config(STATIC_BUCKET)
+        if static is not None:
+            self._check_static_stream(static)
+            return layout_from_config(stream, group, static)
+        elastic = self._group_config(ELASTIC_BUCKET)
+        if elastic is not None:
+            work = self._ensure_work_stream(elastic)
+            return layout_from_config(work, group, elastic)
+        return derived_layout(self._source_config, group, self.config.members)
 
-    def _static_group_config(self) -> dict[str, Any] | None:
-        key = f"$KV.{STATIC_GROUPS_BUCKET}.{self.stream}.{self.config.group}"
+    def _group_config(self, bucket: str) -> GroupConfig | None:
+        key = f"{self.source_stream}.{self.config.group}"
         try:
-            self.api.stream_info(f"KV_{STATIC_GROUPS_BUCKET}")
+            self.api.stream_info(f"KV_{bucket}")
         except StreamNotFoundError:
             return None
-        entry = self.api.last_message(f"KV_{STATIC_GROUPS_BUCKET}", key)
+        entry = self.api.last_message(f"KV_{bucket}", f"$KV.{bucket}.{key}")
         if entry is None or entry.headers.get("KV-Operation") in ("DEL", "PURGE"):
             return None
-        try:
-            return json.loads(entry.data)
-        except ValueError:
+        kind = "static" if bucket == STATIC_BUCKET else "elastic"
+        return GroupConfig.from_json(kind, entry.data, f"group config {key} in KV bucket {bucket}")
+
+    def _check_static_stream(self, config: GroupConfig) -> None:
+        """A static group reads partition numbers from the stream's subjects: the stream must put them there."""
+        partitions = transform_partitions(self._source_config)
+        if partitions != config.max_members:
+            now = "has no partition transform" if partitions is None else f"makes {partitions} partitions"
             raise GroupConfigError(
-                f"The group config {self.stream}.{self.config.group} in KV bucket {STATIC_GROUPS_BUCKET} is not "
-                "valid JSON: fix or delete it."
-            ) from None
+                f"Static group {self.config.group!r} has max_members={config.max_members}, but stream "
+                f"{self.source_stream!r} {now}: a static group needs the partition number as the first subject "
+                "token, e.g. nats stream edit STREAM --transform-source 'orders.*' --transform-destination "
+                f"'{{{{partition({config.max_members},1)}}}}.orders.{{{{wildcard(1)}}}}', or use an elastic group."
+            )
+
+    def _ensure_work_stream(self, config: GroupConfig) -> str:
+        """The elastic group's WorkQueue stream, created from the group config when missing."""
+        wanted = config.work_stream_config(self._source_config, self.config.group)
+        try:
+            info = self.api.stream_info(wanted["name"])
+        except StreamNotFoundError:
+            log.info("Creating the work stream %s of elastic group %s", wanted["name"], self.config.group)
+            self.api.create_stream(wanted)
+            return wanted["name"]
+        if info["config"].get("retention") != "workqueue":
+            raise GroupConfigError(
+                f"Stream {wanted['name']!r} exists but is not a WorkQueue stream, so it cannot be the work stream "
+                f"of elastic group {self.config.group!r}: delete it or rename the group."
+            )
+        return wanted["name"]
 
     def ensure_consumers(self) -> None:
-        """Create or update every member consumer; delete ones of members that left the group."""
+        """Make the member consumers match the layout: create, update, and delete those of members
+        that left (only consumers this connector made, or any group consumer in the way on a
+        WorkQueue stream, where two consumers may not share subjects even for a moment)."""
         layout = self.layout
         metadata = {OWNER_METADATA_KEY: self.owner}
+        wanted = {layout.consumer(m): layout.filter_subjects(m) for m in layout.member_names}
+        existing = {name: self.api.consumer_info(self.stream, name)["config"] for name in self._group_consumers()}
+        workqueue = self.state().retention == "workqueue"
+        stale = [
+            name
+            for name, config in existing.items()
+            if (name not in wanted and OWNER_METADATA_KEY in (config.get("metadata") or {}))
+            or (workqueue and config.get("filter_subjects", [config.get("filter_subject")]) != wanted.get(name))
+        ]
+        if workqueue:  # free the subjects before another member takes them
+            for name in stale:
+                self._delete_consumer(name)
         for member in layout.member_names:
             config = layout.consumer_config(member, self.config.ack_wait, metadata)
             try:
                 self.api.create_consumer(self.stream, config)
             except ApiError as exc:
                 raise self._consumer_error(layout.consumer(member), exc) from None
-        prefix = f"{layout.group}-"
-        current = {layout.consumer(member) for member in layout.member_names}
-        for name in self.api.consumer_names(self.stream):
-            if not name.startswith(prefix) or name in current:
-                continue
-            metadata = self.api.consumer_info(self.stream, name)["config"].get("metadata") or {}
-            if OWNER_METADATA_KEY in metadata:  # only consumers this connector made
-                log.info("Deleting consumer %s: its member left group %s", name, layout.group)
-                self.api.delete_consumer(self.stream, name)
+        if not workqueue:  # on other streams the new consumers hold the interest before the old go
+            for name in stale:
+                self._delete_consumer(name)
+
+    def _group_consumers(self) -> list[str]:
+        """Consumers on the read stream that belong to this group."""
+        names = self.api.consumer_names(self.stream)
+        if self.layout.kind == "elastic":
+            return names  # the work stream exists for this group alone
+        return [name for name in names if name.startswith(f"{self.config.group}-")]
+
+    def _delete_consumer(self, name: str) -> None:
+        log.info("Deleting consumer %s of group %s: membership changed", name, self.config.group)
+        with contextlib.suppress(ConsumerNotFoundError):
+            self.api.delete_consumer(self.stream, name)
 
     def _consumer_error(self, consumer: str, exc: ApiError) -> GroupConfigError:
         if exc.err_code in _WORKQUEUE_OVERLAP:
@@ -333,6 +391,11 @@ class Coordinator:
     def plan(self, start: Watermark, end: Watermark) -> list[MemberRange]:
         """One range per member with messages in ``(start, end]``; membership changes apply here."""
         layout = self.resolve_layout()
+        if layout.stream != self.stream:
+            raise GroupConfigError(
+                f"Group {self.config.group!r} now reads stream {layout.stream!r} ({layout.kind}) instead of "
+                f"{self.stream!r}: the checkpoint's offsets belong to the old stream. Start with a new checkpoint."
+            )
         changed, self.layout = layout != self.layout, layout
         if changed and self._acked_through is not None:
             self.ensure_consumers()

@@ -108,6 +108,19 @@ class JetStreamApi:
     def stream_info(self, stream: str) -> dict[str, Any]:
         return self.call(("STREAM", "INFO", stream), None, f"Stream {stream!r}", stream)
 
+    def stream_names(self) -> list[str]:
+        names: list[str] = []
+        while True:
+            page = self.call(("STREAM", "NAMES"), {"offset": len(names)}, "Listing streams")
+            names += page.get("streams") or []
+            if not page.get("streams") or len(names) >= page.get("total", 0):
+                return names
+
+    def subjects(self, stream: str, filter_subject: str) -> list[str]:
+        """The subjects stored in ``stream`` that match ``filter_subject``."""
+        info = self.call(("STREAM", "INFO", stream), {"subjects_filter": filter_subject}, f"Stream {stream!r}", stream)
+        return sorted((info["state"].get("subjects") or {}).keys())
+
     def create_stream(self, config: dict[str, Any]) -> dict[str, Any]:
         return self.call(("STREAM", "CREATE", config["name"]), config, f"Creating stream {config['name']!r}")
 

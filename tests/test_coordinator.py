@@ -86,8 +86,8 @@ def test_a_pcgroups_static_group_in_kv_is_read(nats_server, conn, api, make_stre
     try:
         coordinator = coordinators(nats_server.url, stream.name, "kvgroup")
         layout = coordinator.layout
-        assert layout.source == "KV bucket static-consumer-groups"
-        assert dict(layout.members) == {"alice": (0, 3), "bob": (1, 2)}
+        assert layout.kind == "static"
+        assert {m.name: m.partitions for m in layout.members} == {"alice": (0, 3), "bob": (1, 2)}
         ranges = coordinator.plan(Watermark(stream.name, 0), Watermark(stream.name, 600))
         assert sorted(r.consumer for r in ranges) == ["kvgroup-alice", "kvgroup-bob"]
         info = api.consumer_info(stream.name, "kvgroup-alice")["config"]
@@ -99,7 +99,7 @@ def test_a_pcgroups_static_group_in_kv_is_read(nats_server, conn, api, make_stre
 def test_members_option_on_a_partitioned_stream(nats_server, make_stream, coordinators):
     stream = make_stream(100, partitions=4)
     layout = coordinators(nats_server.url, stream.name, "two", members="2").layout
-    assert dict(layout.members) == {"0": (0, 1), "1": (2, 3)}
+    assert {m.name: m.partitions for m in layout.members} == {"0": (0, 1), "1": (2, 3)}
     with pytest.raises(GroupConfigError, match="members=5 is more than the 4 partitions"):
         coordinators(nats_server.url, stream.name, "five", members="5")
 
