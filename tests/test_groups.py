@@ -1,0 +1,118 @@
+"""Consumer groups: pcgroups configs, elastic membership changes under a running query, the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from pyspark.sql import DataFrame
+
+from spark_jetstream.errors import GroupConfigError
+from spark_jetstream.group_admin import change_members, create_group, delete_group, load_group, status
+from spark_jetstream.groups import GroupConfig, PartitioningFilter, work_stream_name
+from spark_jetstream.publish import publish_all
+
+
+def test_pcgroups_json_round_trips_and_validation_names_the_problem():
+    raw = {"max_members": 4, "partitioning_filters": [{"filter": "orders.*", "partitioning_wildcards": [1]}],
+           "max_buffered_msg": 1000, "members": ["m1", "m2"]}  # fmt: skip
+    config = GroupConfig.from_json("elastic", json.dumps(raw), "test config")
+    assert config.to_json() == raw
+    assert config.work_stream_config({"name": "orders"}, "g")["sources"][0]["subject_transforms"] == [
+        {"src": "orders.*", "dest": "{{Partition(4,1)}}.orders.{{Wildcard(1)}}"}
+    ]
+    assert GroupConfig.from_json("elastic", '{"max_members": 2, "partitioning_filters": null}', "x").to_json() == {
+        "max_members": 2,
+        "partitioning_filters": None,
+    }
+    cases = {
+        '{"max_members": 0}': "max_members must be at least 1",
+        '{"max_members": 2, "members": ["a"], "member_mappings": [{"member": "b", "partitions": [0, 1]}]}':
+            "either members or member_mappings, not both",
+        '{"max_members": 2, "member_mappings": [{"member": "a", "partitions": [0, 1]}, '
+        '{"member": "b", "partitions": [1]}]}': "partition 1 is mapped to both 'a' and 'b'",
+        '{"max_members": 3, "member_mappings": [{"member": "a", "partitions": [0, 1]}]}':
+            "partitions [2] are mapped to no member",
+        '{"max_members": 2, "member_mappings": [{"member": "a", "partitions": [0, 5]}]}': "partition 5 of member 'a'",
+        '{"max_members": 2, "members": ["no.dots"]}': "member name 'no.dots' may use only",
+        '{"members": ["a"]}': "is not a valid static group config",
+    }  # fmt: skip
+    for text, problem in cases.items():
+        with pytest.raises(GroupConfigError, match=problem.replace("[", r"\[").replace("]", r"\]")):
+            GroupConfig.from_json("static", text, "test config")
+
+
+def test_elastic_membership_changes_between_batches_lose_and_double_nothing(spark, nats_server, api, tmp_path):
+    api.create_stream({"name": "Orders", "subjects": ["orders.*"]})
+    try:
+        published = [(f"orders.c{i % 37}", f"order-{i}".encode()) for i in range(3000)]
+        publish_all(api.conn, ((s, d, None) for s, d in published))
+        config = GroupConfig(
+            "elastic", 8, members=("m1", "m2"), partitioning_filters=(PartitioningFilter("orders.*", (1,)),)
+        )
+        create_group(api, "Orders", "eg", config)
+        work = work_stream_name("Orders", "eg")
+        changes = iter([("m3", "m4"), ("m2", "m3", "m4"), ("m5", "m6")])  # 2 -> 4 -> 1 -> 3 members
+        seen: list[tuple[str, bytes]] = []
+        consumers_per_batch: list[set[str]] = []
+
+        def sink(batch: DataFrame, batch_id: int) -> None:
+            seen.extend((r.subject, bytes(r.data)) for r in batch.select("subject", "data").collect())
+            consumers_per_batch.append(set(api.consumer_names(work)))
+            change = next(changes, None)
+            if change and batch_id == 0:
+                change_members(api, "Orders", "eg", add=change)
+            elif change and batch_id == 1:
+                change_members(api, "Orders", "eg", drop=change)
+            elif change:
+                change_members(api, "Orders", "eg", add=change)
+
+        query = (
+            spark.readStream.format("jetstream")
+            .option("servers", nats_server.url)
+            .option("stream", "Orders")
+            .option("group", "eg")
+            .option("maxMessagesPerTrigger", 600)
+            .load()
+            .writeStream.foreachBatch(sink)
+            .option("checkpointLocation", str(tmp_path / "cp"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(180)
+        assert sorted(seen) == sorted(published)  # every message exactly once
+        assert consumers_per_batch[:4] == [{"m1", "m2"}, {"m1", "m2", "m3", "m4"}, {"m1"}, {"m1", "m5", "m6"}]
+        assert api.stream_info(work)["state"]["messages"] == 0  # committed data left the work queue
+        assert {row.member: row.lag for row in status(api, "Orders", "eg")} == {"m1": 0, "m5": 0, "m6": 0}
+    finally:
+        delete_group(api, "Orders", "eg")
+        api.delete_stream("Orders")
+
+
+def test_group_cli_round_trip(nats_server, api):
+    api.create_stream({"name": "Cli", "subjects": ["cli.*"]})
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["spark-jetstream", *args, "--servers", nats_server.url], capture_output=True, text=True)
+
+    try:
+        made = cli("group", "create", "--stream", "Cli", "--group", "g", "--kind", "elastic", "--max-members", "4",
+                   "--filter", "cli.*:1", "--members", "a", "b")  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        assert "a                partitions 0,1" in made.stdout
+        assert cli("group", "add", "--stream", "Cli", "--group", "g", "--members", "c").returncode == 0
+        assert load_group(api, "Cli", "g")[0].members == ("a", "b", "c")
+        assert cli("group", "list", "--stream", "Cli").stdout.split() == ["g", "elastic"]
+        shown = cli("status", "--stream", "Cli", "--group", "g")
+        assert shown.returncode == 0 and shown.stdout.splitlines()[0].split()[:3] == [
+            "member",
+            "consumer",
+            "partitions",
+        ]
+        refused = cli("group", "create", "--stream", "Cli", "--group", "s", "--max-members", "4", "--members", "x")
+        assert refused.returncode == 2 and "does not put a partition number 0..3 first" in refused.stderr
+        assert cli("group", "delete", "--stream", "Cli", "--group", "g").returncode == 0
+        assert "Cli-g" not in api.stream_names()
+    finally:
+        api.delete_stream("Cli")
