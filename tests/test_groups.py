@@ -116,3 +116,39 @@ def test_group_cli_round_trip(nats_server, api):
         assert "Cli-g" not in api.stream_names()
     finally:
         api.delete_stream("Cli")
+
+
+def test_a_static_group_in_pcgroups_exact_json_is_read_by_spark(spark, nats_server, conn, api, make_stream, tmp_path):
+    stream = make_stream(2000, partitions=4)
+    subject_filter = next(iter(stream.messages.values()))[0].split(".")[0] + ".*"
+
+    async def write_like_pcgroups() -> None:
+        kv = await conn.client.jetstream().create_key_value(bucket="static-consumer-groups")
+        # Byte for byte what pcgroups' CreateStatic stores for a balanced group with one filter.
+        value = f'{{"max_members":4,"filters":["{subject_filter}"],"members":["x","y"]}}'
+        await kv.put(f"{stream.name}.pcg", value.encode())
+
+    conn.run(write_like_pcgroups())
+    try:
+        rows = (
+            spark.readStream.format("jetstream")
+            .option("servers", nats_server.url)
+            .option("stream", stream.name)
+            .option("group", "pcg")
+            .load()
+            .writeStream.format("memory")
+            .queryName("pcg_rows")
+            .option("checkpointLocation", str(tmp_path / "cp"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        rows.awaitTermination(120)
+        got = sorted((r.seq, r.subject, r.partition) for r in spark.sql("select * from pcg_rows").collect())
+        assert got == sorted((seq, m[0], m[3]) for seq, m in stream.messages.items())
+        filters = {
+            name: api.consumer_info(stream.name, name)["config"]["filter_subjects"] for name in ("pcg-x", "pcg-y")
+        }
+        assert filters == {"pcg-x": [f"0.{subject_filter}", f"1.{subject_filter}"],
+                           "pcg-y": [f"2.{subject_filter}", f"3.{subject_filter}"]}  # fmt: skip
+    finally:
+        api.delete_stream("KV_static-consumer-groups")
