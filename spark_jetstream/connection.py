@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 from nats.aio.client import Client as _NatsClient
-from nats.errors import NoRespondersError
+from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from .errors import ConnectError, JetStreamError, ServerTooOldError
@@ -29,6 +29,9 @@ from .options import CONNECTION_OPTIONS, parse_options
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+_ATTEMPT_TIMEOUT = 2.0
+"""Seconds one API request waits before it is sent again (a request sent into a dropped connection is lost)."""
 
 MIN_SERVER_VERSION = (2, 14, 5)
 """Consumer RESET needs 2.14; non-JSON pulls could crash priority-group consumers before 2.14.5."""
@@ -167,20 +170,40 @@ class Connection:
         return self.runner.run(coro, timeout)
 
     async def request_async(self, subject: str, payload: bytes, timeout: float) -> bytes:
-        try:
-            msg = await self.client.request(subject, payload, timeout=timeout)
-        except NoRespondersError:
-            raise ConnectError(
-                f"No responder for {subject} on {self.server_url}: is JetStream enabled, and is the domain "
-                f"option right (now {self.options.domain or 'none'})?"
-            ) from None
-        except NatsTimeoutError:
-            raise ConnectError(f"{subject} got no answer from {self.server_url} within {timeout:g}s.") from None
-        return msg.data
+        """A request, retried with backoff for up to ``timeout`` seconds while nobody answers: a
+        restarting server or a JetStream leader election heals within that, a wrong domain does not."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        delay = 0.05
+        while True:
+            attempt = max(0.05, min(deadline - loop.time(), _ATTEMPT_TIMEOUT))
+            try:
+                msg = await self.client.request(subject, payload, timeout=attempt)
+                return msg.data
+            except NoRespondersError:
+                if loop.time() + delay >= deadline:
+                    raise ConnectError(
+                        f"No responder for {subject} on {self.server_url}: is JetStream enabled, and is the "
+                        f"domain option right (now {self.options.domain or 'none'})?"
+                    ) from None
+            except NatsTimeoutError:
+                if loop.time() + delay >= deadline:
+                    raise ConnectError(
+                        f"{subject} got no answer from {self.server_url} within {timeout:g}s: is the server up?"
+                    ) from None
+            except ConnectionClosedError:
+                raise ConnectError(f"The connection to {self.server_url} is closed.") from None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    @property
+    def api_timeout(self) -> float:
+        """How long API requests keep trying: long enough for a server restart or a leader election."""
+        return max(self.options.connect_timeout, 10.0)
 
     def request(self, subject: str, payload: bytes = b"", timeout: float | None = None) -> bytes:
         """Send a request and return the reply payload."""
-        wait = timeout or max(self.options.connect_timeout, 5.0)
+        wait = timeout or self.api_timeout
         return self.run(self.request_async(subject, payload, wait))
 
     async def subscribe_raw(self, handler: RawHandler, subject: str | None = None) -> tuple[str, int]:

@@ -20,6 +20,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,11 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+_spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nats-server-spawner")
+"""PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, so every server is started
+from this one long-lived thread: a server started from a short-lived thread would die with it."""
 
 
 def _die_with_parent() -> None:
@@ -113,12 +119,10 @@ class EmbeddedServer:
         conf = Path(self.dir, "server.conf")
         conf.write_text(_to_conf(self.config())[2:-2] + "\n")
         with open(Path(self.dir, "server.log"), "ab") as log:
-            self.process = subprocess.Popen(
-                [self.binary, "-c", str(conf)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
-            )
+            command = [self.binary, "-c", str(conf)]
+            self.process = _spawner.submit(
+                subprocess.Popen, command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            ).result()
 
     def start(self, wait: float = 20.0) -> EmbeddedServer:
         """Start (or restart, on the same store and port) and wait until JetStream is up."""

@@ -96,7 +96,7 @@ class JetStreamApi:
         consumer: str = "",
     ) -> dict[str, Any]:
         payload = json.dumps(body).encode() if body is not None else b""
-        wait = max(self.conn.options.connect_timeout, 5.0)
+        wait = self.conn.api_timeout
         raw = await self.conn.request_async(self.subject(*tokens), payload, wait)
         return self.decode(raw, what, stream, consumer)
 

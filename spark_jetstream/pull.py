@@ -306,7 +306,7 @@ class _PinnedPull:
             if self.requests:
                 self.requests.popleft()
             self.needs_check = True
-        elif code == 503 or (code == 409 and description == "Leadership Change"):
+        elif code == 503 or (code == 409 and description in ("Leadership Change", "Server Shutdown")):
             # No consumer leader right now (an election), or a new one: pin state is not
             # replicated and waiting pulls are gone. Whether the consumer still exists, and
             # what was lost, is found out by the progress check.
