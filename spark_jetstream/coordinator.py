@@ -102,6 +102,7 @@ class Coordinator:
                 retention=info["config"].get("retention", "limits"),
             )
             self._stream_config = info["config"]
+            self.created = info.get("created", "")
             self._state_at = now
         return self._state
 
@@ -330,6 +331,9 @@ class Coordinator:
 
     # -- planning ------------------------------------------------------------------------------
 
+    def watermark(self, seq: int) -> Watermark:
+        return Watermark(self.stream, seq, self.created)
+
     def initial(self) -> Watermark:
         """Where a new query starts (no checkpoint yet)."""
         state = self.state(fresh=True)
@@ -337,14 +341,14 @@ class Coordinator:
         if self.config.starting_timestamp is not None:
             when = self.config.starting_timestamp.astimezone(UTC).isoformat().replace("+00:00", "Z")
             found = self.api.direct_get(self.stream, {"start_time": when})
-            return Watermark(self.stream, (found.seq if found else state.last_seq + 1) - 1)
+            return self.watermark((found.seq if found else state.last_seq + 1) - 1)
         if position is None:
             infos = self._consumer_infos()
             position = "group" if infos and all(infos.values()) else "earliest"
         if position == "earliest":
-            return Watermark(self.stream, state.first_seq - 1)
+            return self.watermark(state.first_seq - 1)
         if position == "latest":
-            return Watermark(self.stream, state.last_seq)
+            return self.watermark(state.last_seq)
         if position == "group":
             infos = self._consumer_infos()
             missing = [self.layout.consumer(m) for m, info in infos.items() if info is None]
@@ -354,8 +358,8 @@ class Coordinator:
                     f"{', '.join(missing)} on stream {self.stream!r}: create the group or start from "
                     "earliest/latest."
                 )
-            return Watermark(self.stream, min(info["ack_floor"]["stream_seq"] for info in infos.values()))
-        return Watermark(self.stream, int(position) - 1)
+            return self.watermark(min(info["ack_floor"]["stream_seq"] for info in infos.values()))
+        return self.watermark(int(position) - 1)
 
     def prepare_available_now(self) -> None:
         self._available_now_cap = self.state(fresh=True).last_seq
@@ -375,7 +379,7 @@ class Coordinator:
         end = batch_end(start.seq, state.last_seq, limits, state.average_size, self._available_now_cap)
         if end > start.seq:
             self._last_batch_at = now
-        return Watermark(self.stream, end)
+        return self.watermark(end)
 
     def _check_data_loss(self, start: Watermark, state: StreamState) -> None:
         if state.first_seq <= start.seq + 1 or state.last_seq <= start.seq:

@@ -19,13 +19,16 @@ class Watermark:
 
     stream: str
     seq: int
+    created: str = ""  # the stream's creation time: a stream deleted and made again is another stream
 
     def to_offset(self) -> dict[str, Any]:
-        return {"seq": self.seq, "stream": self.stream}  # sorted keys: Spark compares JSON text
+        offset: dict[str, Any] = {"created": self.created} if self.created else {}
+        offset.update(seq=self.seq, stream=self.stream)  # sorted keys: Spark compares offsets as JSON text
+        return offset
 
     @classmethod
-    def from_offset(cls, offset: dict[str, Any], stream: str) -> Watermark:
-        """Parse an offset from the checkpoint; it must belong to ``stream``."""
+    def from_offset(cls, offset: dict[str, Any], stream: str, created: str = "") -> Watermark:
+        """Parse an offset from the checkpoint; it must belong to ``stream`` as created at ``created``."""
         try:
             found, seq = offset["stream"], int(offset["seq"])
         except (KeyError, TypeError, ValueError):
@@ -38,4 +41,11 @@ class Watermark:
                 f"The checkpoint was written for stream {found!r} but the stream option is {stream!r}: "
                 "use a new checkpoint location for a different stream."
             )
-        return cls(stream, seq)
+        written = offset.get("created", "")
+        if written and created and written != created:
+            raise OptionError(
+                f"Stream {stream!r} was deleted and created again since the checkpoint was written (the checkpoint "
+                f"knows the stream created at {written}, the server has one created at {created}): its sequence "
+                "numbers mean other messages now. Use a new checkpoint location."
+            )
+        return cls(stream, seq, created)

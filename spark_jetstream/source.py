@@ -79,7 +79,8 @@ class JetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return self._coordinator
 
     def _watermark(self, offset: dict[str, Any]) -> Watermark:
-        return Watermark.from_offset(offset, self.coordinator.stream)  # an elastic group reads its work stream
+        coordinator = self.coordinator  # an elastic group reads its work stream
+        return Watermark.from_offset(offset, coordinator.stream, coordinator.created)
 
     def initialOffset(self) -> dict[str, Any]:
         return self.coordinator.initial().to_offset()
@@ -107,7 +108,7 @@ class JetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return self.coordinator.latest(self._watermark(start), self._limits(limit)).to_offset()
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
-        return Watermark(self.coordinator.stream, self.coordinator.state().last_seq).to_offset()
+        return self.coordinator.watermark(self.coordinator.state().last_seq).to_offset()
 
     def prepareForTriggerAvailableNow(self) -> None:
         self.coordinator.prepare_available_now()

@@ -79,3 +79,34 @@ def test_server_restart_mid_batch_is_survived_with_exact_output(spark, own_serve
         query.stop()
     seqs = sorted(r.seq for r in spark.read.parquet(str(tmp_path / "out")).select("seq").collect())
     assert seqs == list(range(1, 4001))
+
+
+def test_stream_deleted_and_created_again_while_the_query_is_down_fails_clearly(spark, nats_server, api, tmp_path):
+    def run() -> object:
+        return (
+            spark.readStream.format("jetstream")
+            .option("servers", nats_server.url)
+            .option("stream", "Again")
+            .option("group", "g")
+            .load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(tmp_path / "cp"))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    api.create_stream(partitioned_stream_config("Again", "again.*", 2))
+    try:
+        publish_all(api.conn, ((f"again.k{i}", b"old", None) for i in range(100)))
+        run().awaitTermination(60)
+        api.delete_stream("Again")
+        time.sleep(0.01)
+        api.create_stream(partitioned_stream_config("Again", "again.*", 2))
+        publish_all(api.conn, ((f"again.k{i}", b"new", None) for i in range(300)))
+        query = run()
+        with pytest.raises(Exception) as caught:
+            query.awaitTermination(60)
+        message = caught.value.getMessage() if hasattr(caught.value, "getMessage") else str(caught.value)
+        assert "Stream 'Again' was deleted and created again since the checkpoint was written" in message
+    finally:
+        api.delete_stream("Again")
