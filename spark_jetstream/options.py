@@ -80,7 +80,10 @@ def parse_timestamp(text: str) -> datetime:
     """An ISO-8601 time (``2026-01-31T12:00:00Z``) or milliseconds since the epoch."""
     stripped = text.strip()
     if stripped.isdigit():
-        return datetime.fromtimestamp(int(stripped) / 1000, tz=UTC)
+        try:
+            return datetime.fromtimestamp(int(stripped) / 1000, tz=UTC)
+        except (OverflowError, OSError, ValueError):
+            raise ValueError("epoch milliseconds out of range") from None
     try:
         parsed = datetime.fromisoformat(stripped.replace("Z", "+00:00"))
     except ValueError:
@@ -188,6 +191,13 @@ PULL_OPTIONS: tuple[Option, ...] = (
         1.0,
         "Server heartbeat interval while a pull waits; at most half of `pullExpires`.",
         minimum=0.05,
+    ),
+    Option(
+        "pullMaxBytes",
+        parse_size,
+        4 * 1024 * 1024,
+        "Payload bytes asked for by one pull request (bounds executor memory; a larger message still arrives).",
+        minimum=1024,
     ),
     Option("recordBatchSize", parse_int, 10_000, "Rows per Arrow record batch handed to Spark.", minimum=1),
 )

@@ -57,6 +57,8 @@ class PullSettings:
     expires: float = 5.0
     idle_heartbeat: float = 1.0
     record_batch_size: int = 10_000
+    max_bytes: int = 4 * 1024 * 1024
+    record_batch_bytes: int = 32 * 1024 * 1024
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> PullSettings:
@@ -66,6 +68,7 @@ class PullSettings:
             expires=options["pullExpires"],
             idle_heartbeat=min(options["pullIdleHeartbeat"], options["pullExpires"] / 2),
             record_batch_size=options["recordBatchSize"],
+            max_bytes=options["pullMaxBytes"],
         )
 
 
@@ -134,6 +137,7 @@ class _PinnedPull:
         self.done = False
         self.error: JetStreamError | None = None
         self.needs_check = False
+        self.oversize = False  # the next pull must fit a message larger than max_bytes
         self.leader_changed = False  # pins seen since then may stem from this reader's own pulls
         self.recoveries = 0
         self.wakeup = asyncio.Event()
@@ -231,19 +235,26 @@ class _PinnedPull:
         """Send pull requests while the window allows: one until the pin id is known, then several."""
         if self.done or self.error is not None or self.sid is None or self.needs_check:
             return
+        settings = self.settings
         buffered = len(self.rows) + sum(len(rows) for rows in self.ready)
-        limit = 1 if self.pin_id is None else self.settings.in_flight
+        buffered_bytes = self.rows.nbytes + sum(rows.nbytes for rows in self.ready)
+        limit = 1 if self.pin_id is None else settings.in_flight
         while (
             len(self.requests) < limit
-            and buffered < 2 * self.settings.record_batch_size
-            and (wanted := min(self.settings.batch, self.budget - sum(self.requests))) > 0
+            and buffered < 2 * settings.record_batch_size
+            and buffered_bytes < 2 * settings.record_batch_bytes
+            and (wanted := min(settings.batch, self.budget - sum(self.requests))) > 0
         ):
             request: dict[str, Any] = {
                 "batch": wanted,
-                "expires": int(self.settings.expires * _NS),
-                "idle_heartbeat": int(self.settings.idle_heartbeat * _NS),
+                "expires": int(settings.expires * _NS),
+                "idle_heartbeat": int(settings.idle_heartbeat * _NS),
                 "group": self.member.priority_group,
+                # With max_bytes every pull ends with a status, and bytes in flight stay bounded; a
+                # message larger than that gets one pull sized by the server's max_payload.
+                "max_bytes": 2 * self.conn.client.max_payload + 65536 if self.oversize else settings.max_bytes,
             }
+            self.oversize = False
             if self.pin_id is not None:
                 request["id"] = self.pin_id
             self.requests.append(wanted)
@@ -261,12 +272,11 @@ class _PinnedPull:
 
     def _on_data(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         self.budget -= 1
-        request_done = False
-        if self.requests:
-            self.requests[0] -= 1
-            if self.requests[0] <= 0:
-                self.requests.popleft()
-                request_done = True
+        requests = self.requests
+        for index, owed in enumerate(requests):  # the oldest pull still owed messages (a full one waits for its status)
+            if owed > 0:
+                requests[index] = owed - 1
+                break
         if self.pin_id is None and headers:
             self.pin_id = _header(headers, _PIN_HEADER)
         if self.done:
@@ -285,24 +295,31 @@ class _PinnedPull:
             rows.subjects.append(subject)
             rows.data.append(data)
             rows.seqs.append(seq)
+            rows.nbytes += len(data)
             rows.times.append(int(tokens[7 + base]))
             if self.member.include_headers:
                 rows.headers.append(headers)
             self.last_seq = seq
-            if len(rows) >= self.settings.record_batch_size:
+            if len(rows) >= self.settings.record_batch_size or rows.nbytes >= self.settings.record_batch_bytes:
                 self.ready.append(rows)
                 self.rows = RowBuffer()
                 self.wakeup.set()
         if seq >= end or tokens[8 + base] == b"0":  # range complete, or nothing more matches at all
             self._finish()
-        elif request_done:
-            self._pull()
 
     def _on_status(self, code: int, description: str, headers: bytes) -> None:
         if code == 100 or self.done:
             return
-        if code in (404, 408) or (code == 409 and description == "Batch Completed"):
-            # A pull ended without filling its batch: nothing was deliverable for a whole `expires`.
+        if code == 409 and description in ("Batch Completed", "Message Size Exceeds MaxBytes"):
+            # A pull ended (all its messages or bytes were delivered); a too-large next message
+            # gets a pull of its own.
+            if self.requests:
+                self.requests.popleft()
+            self.oversize = description != "Batch Completed"
+            self._pull()
+            return
+        if code in (404, 408):
+            # A pull expired without filling its batch: nothing was deliverable for a whole `expires`.
             if self.requests:
                 self.requests.popleft()
             self.needs_check = True

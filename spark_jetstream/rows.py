@@ -66,9 +66,10 @@ def parse_headers(block: bytes | None) -> list[tuple[str, list[str]]]:
 class RowBuffer:
     """Columns of messages being collected for one record batch."""
 
-    __slots__ = ("data", "headers", "seqs", "subjects", "times")
+    __slots__ = ("data", "headers", "nbytes", "seqs", "subjects", "times")
 
     def __init__(self) -> None:
+        self.nbytes = 0  # payload bytes, to bound memory by bytes as well as rows
         self.subjects: list[bytes] = []
         self.data: list[bytes] = []
         self.seqs: list[int] = []

@@ -8,7 +8,7 @@ import pytest
 
 from spark_jetstream.connection import ConnectionOptions
 from spark_jetstream.errors import OptionError
-from spark_jetstream.options import CONNECTION_OPTIONS, PULL_OPTIONS, parse_duration, parse_options
+from spark_jetstream.options import CONNECTION_OPTIONS, PULL_OPTIONS, READER_OPTIONS, parse_duration, parse_options
 from spark_jetstream.pull import PullSettings
 
 
@@ -78,3 +78,22 @@ def test_pull_settings_keep_heartbeat_under_half_the_expiry():
     assert settings.idle_heartbeat == 1.0
     with pytest.raises(OptionError, match="'pullsInFlight' has an invalid value '0': it must be at least 1"):
         parse_options({"pullsInFlight": "0"}, PULL_OPTIONS)
+
+
+@pytest.mark.parametrize("option", READER_OPTIONS, ids=lambda o: o.name)
+@pytest.mark.parametrize(
+    "value", ["", "   ", "-1", "99999999999999999999999999", "1e999", "not a value", "\u00e9\u00e9"]
+)
+def test_every_option_refuses_or_accepts_hostile_values_cleanly(option, value):
+    """Each value is either accepted as a sane typed value or refused with an OptionError naming the option."""
+    raw = {"stream": "S", "group": "g", option.name: value}
+    try:
+        parsed = parse_options(raw, READER_OPTIONS)[option.name]
+    except OptionError as exc:
+        assert f"Option {option.name!r}" in str(exc)
+        if option.secret:
+            assert value.strip() == "" or value not in str(exc)
+        return
+    assert parsed is not None and parsed != ""
+    if isinstance(parsed, int | float) and option.minimum is not None:
+        assert parsed >= option.minimum
