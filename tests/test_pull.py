@@ -166,3 +166,30 @@ def test_misconfigured_consumers_are_refused(conn, api: JetStreamApi, make_strea
     api.create_consumer(stream.name, short)
     with pytest.raises(ReaderError, match="pullExpires"):
         read_all(conn, MemberRange(stream.name, "t-0", 0, stream.last_seq))
+
+
+def test_a_standby_client_gets_nothing_while_the_reader_holds_the_pin(conn, make_stream, nats_server):
+    from spark_jetstream.connection import ConnectionOptions, connect
+
+    stream = make_stream(3000, partitions=1)
+    consumer = stream.consumer(0)
+    reader = read_member(conn, MemberRange(stream.name, consumer, 0, stream.last_seq), SMALL)
+    seqs = next(reader).column("seq").to_pylist()  # the reader holds the pin, mid-read
+    other = connect(ConnectionOptions(servers=(nats_server.url,), connect_timeout=4.0))  # a second client
+    received: list[tuple[bytes, bytes | None]] = []
+
+    async def standby() -> None:
+        inbox, sid = await other.subscribe_raw(lambda s, r, d, h: received.append((r, h)))
+        request = {"batch": 10, "group": "PCG", "expires": 1_000_000_000}
+        subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream.name}.{consumer}"
+        for _ in range(2):
+            await other.client.publish(subject, json.dumps(request).encode(), reply=inbox)
+            await asyncio.sleep(1.3)
+        await other.unsubscribe_raw(sid)
+
+    other.run(standby())
+    for batch in reader:  # the reader goes on undisturbed and reads everything
+        seqs += batch.column("seq").to_pylist()
+    assert seqs == stream.expected(0, 0, stream.last_seq)
+    assert [r for r, _ in received if r.startswith(b"$JS.ACK.")] == []  # no message went to the standby
+    assert all(h and h.startswith(b"NATS/1.0 408") for _, h in received), received
