@@ -133,12 +133,22 @@ def start_spark() -> tuple[SparkSession, float]:
 
 
 def run_spark(
-    spark: SparkSession, url: str, stream: str, group: str, checkpoint: str, max_per_trigger: int | None
+    spark: SparkSession,
+    url: str,
+    stream: str,
+    group: str,
+    checkpoint: str,
+    max_per_trigger: int | None,
+    options: dict[str, str] | None = None,
 ) -> SparkRun:
-    """One ``availableNow`` query into the noop sink; return its rows, time and batch progress."""
+    """One ``availableNow`` query into the noop sink; return its rows, time and batch progress.
+
+    ``options`` are further source options (e.g. ``members``)."""
     reader = spark.readStream.format("jetstream").option("servers", url).option("stream", stream).option("group", group)
     if max_per_trigger:
         reader = reader.option("maxMessagesPerTrigger", str(max_per_trigger))
+    for key, value in (options or {}).items():
+        reader = reader.option(key, value)
     writer = reader.load().writeStream.format("noop").trigger(availableNow=True)
     writer = writer.option("checkpointLocation", checkpoint)
     began = time.perf_counter()

@@ -1,0 +1,244 @@
+"""Benchmark: end-to-end Spark read throughput with 1, 2, 4 and 8 members of one group.
+
+One run starts a real nats-server (``EmbeddedServer``, file store in a temp dir), publishes
+``--messages`` messages of ``--size`` bytes to 1,024 interleaved subjects ``ev.k<i % 1024>`` of a
+stream partitioned ``--partitions`` ways (8 by default; the set-up of ``bench/stream_read.py``),
+creates one ``local[2]`` SparkSession, warms it up with a small query on a separate stream, and
+then reads the whole stream once per member count with
+``spark.readStream.format("jetstream").option("members", M)`` into the ``noop`` sink with
+``trigger(availableNow=True)``. Each run uses a group of its own (``scale1``, ``scale2``, ...;
+``scale4r2`` on the second round of ``--repeat``), so each one starts at the beginning of the
+stream with new member consumers; the members 0..M-1 share the partitions in pcgroups' balanced
+mapping and every member with data is one Spark task. Rows are counted from the queries' progress
+(``bench/stream_read.py``'s ``run_spark``) and must equal ``--messages``; runs are timed from
+``start()`` to the return of ``awaitTermination()``.
+
+It prints, per member count, the seconds, rows/s and speed-up against 1 member (best run of
+each with ``--repeat``), with the micro-batches and the part of the wall time spent in
+``addBatch`` (reading, in the Spark tasks). For reference, after ``spark.stop()`` it also drains
+the member consumers of the last runs with 1 and with the most members with the raw-protocol
+pull loop of ``bench/pull_reader.py`` (reset to seq 1 first, not timed): 2 processes as
+``local[2]`` runs 2 tasks at once, and one process.
+
+Run it from the repository root::
+
+    python bench/scaling.py --messages 1000000
+    python bench/scaling.py --messages 1000000 --storage memory
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pull_reader import STREAM, SUBJECTS, messages, server_version
+from stream_read import (
+    PARALLEL,
+    WARMUP_GROUP,
+    WARMUP_STREAM,
+    Row,
+    SparkRun,
+    create_stream,
+    publish,
+    run_baseline_parallel,
+    run_baseline_sequential,
+    run_spark,
+    start_spark,
+    warmup_messages,
+)
+
+from spark_jetstream.connection import ConnectionOptions, close_all, connect
+from spark_jetstream.embedded import EmbeddedServer
+from spark_jetstream.groups import balanced_mapping
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+GROUP_PREFIX = "scale"
+
+
+@dataclass(frozen=True)
+class Measured:
+    members: int
+    group: str
+    run: SparkRun
+
+    @property
+    def rate(self) -> float:
+        return self.run.messages / self.run.seconds if self.run.seconds else 0.0
+
+    @property
+    def add_batch_share(self) -> float:
+        add_batch = sum(p["durationMs"].get("addBatch", 0) for p in self.run.progress)
+        return add_batch / (self.run.seconds * 1000) if self.run.seconds else 0.0
+
+
+def group_name(members: int, round_: int) -> str:
+    return f"{GROUP_PREFIX}{members}" + (f"r{round_}" if round_ > 1 else "")
+
+
+def mapping_text(members: int, partitions: int) -> str:
+    mapping = balanced_mapping([str(m) for m in range(members)], partitions)
+    return " ".join(f"{m}:{','.join(map(str, mapping[str(m)]))}" for m in range(members))
+
+
+def measure(spark: SparkSession, url: str, members: int, group: str, checkpoints: str, expected: int) -> Measured:
+    run = run_spark(
+        spark, url, STREAM, group, os.path.join(checkpoints, group), None, options={"members": str(members)}
+    )
+    if run.messages != expected:
+        raise SystemExit(f"FAILED: the Spark query with {members} members read {run.messages:,} of {expected:,}")
+    return Measured(members, group, run)
+
+
+def print_spark_table(best: dict[int, Measured], runs: list[Measured]) -> None:
+    base = best[min(best)].rate
+    print(f"{'members':>7} {'seconds':>8} {'rows/s':>10} {'speed-up':>8} {'batches':>7} {'addBatch':>8}  runs rows/s")
+    for members in sorted(best):
+        m = best[members]
+        all_rates = ", ".join(f"{r.rate:,.0f}" for r in runs if r.members == members)
+        print(
+            f"{members:>7} {m.run.seconds:>8.2f} {m.rate:>10,.0f} {m.rate / base:>7.2f}x "
+            f"{m.run.batches:>7} {m.add_batch_share:>8.0%}  {all_rates}"
+        )
+
+
+def print_baseline_table(rows: list[Row]) -> None:
+    print(f"{'raw pull baseline':<44} {'messages':>11} {'seconds':>8} {'rows/s':>10}")
+    for row in rows:
+        print(f"{row.contender:<44} {row.messages:>11,} {row.seconds:>8.2f} {row.rate:>10,.0f}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--messages", type=int, default=1_000_000, help="messages to publish and read")
+    parser.add_argument("--partitions", type=int, default=8, help="partitions of the stream")
+    parser.add_argument(
+        "--members",
+        default="1,2,4,8",
+        help="comma-separated member counts, each at most --partitions (default: 1,2,4,8)",
+    )
+    parser.add_argument("--size", type=int, default=100, help="payload bytes per message")
+    parser.add_argument(
+        "--storage",
+        choices=("file", "memory"),
+        default="file",
+        help="stream storage; memory takes the server's file-store read cost out",
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="rounds over the member counts; the best run counts")
+    parser.add_argument("--warmup-messages", type=int, default=10_000, help="messages of the warm-up query")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the raw pull baseline")
+    args = parser.parse_args(argv)
+    if min(args.messages, args.partitions, args.repeat, args.warmup_messages) < 1 or args.size < 0:
+        parser.error("--messages, --partitions, --repeat and --warmup-messages must be positive, --size not negative")
+    try:
+        args.members = sorted({int(m) for m in args.members.split(",") if m.strip()})
+    except ValueError:
+        parser.error("--members must be comma-separated integers")
+    if not args.members or not all(1 <= m <= args.partitions for m in args.members):
+        parser.error(f"--members must be between 1 and --partitions ({args.partitions})")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    checkpoints = tempfile.mkdtemp(prefix="scaling-")
+    spark: SparkSession | None = None
+    runs: list[Measured] = []
+    baseline: list[Row] = []
+    try:
+        with EmbeddedServer(name="bench") as server:
+            address = ("127.0.0.1", server.port)
+            conn = connect(ConnectionOptions(servers=(server.url,)))
+            try:
+                import pyspark
+
+                import spark_jetstream
+
+                print(
+                    f"nats-server {server_version(address)}, PySpark {pyspark.__version__}, "
+                    f"{os.cpu_count()} cores, Python {platform.python_version()}, "
+                    f"spark_jetstream from {os.path.dirname(spark_jetstream.__file__)}"
+                )
+                create_stream(conn, WARMUP_STREAM, "warm.*", args.partitions, args.storage)
+                create_stream(conn, STREAM, "ev.*", args.partitions, args.storage)
+                publish(conn, "warm-up", warmup_messages(args.warmup_messages, args.size), args.warmup_messages)
+                took = publish(conn, "bench", messages(args.messages, args.size), args.messages)
+                print(
+                    f"published {args.messages:,} msgs of {args.size} B to {SUBJECTS:,} subjects "
+                    f"in {args.partitions} partitions ({args.storage} storage): {took:.2f} s "
+                    f"({args.messages / took:,.0f} msgs/s)"
+                )
+                for members in args.members:
+                    print(f"  {members} members, member:partitions {mapping_text(members, args.partitions)}")
+
+                spark, startup = start_spark()
+                warm = run_spark(
+                    spark, server.url, WARMUP_STREAM, WARMUP_GROUP, os.path.join(checkpoints, "warmup"), None
+                )
+                if warm.messages != args.warmup_messages:
+                    raise SystemExit(f"FAILED: the warm-up query read {warm.messages:,} of {args.warmup_messages:,}")
+                print(
+                    f"SparkSession start-up {startup:.2f} s, warm-up query ({warm.messages:,} rows, cold) "
+                    f"{warm.seconds:.2f} s: neither in any rate"
+                )
+
+                for round_ in range(1, args.repeat + 1):
+                    for members in args.members:
+                        measured = measure(
+                            spark, server.url, members, group_name(members, round_), checkpoints, args.messages
+                        )
+                        runs.append(measured)
+                        print(
+                            f"  round {round_}, {members} members ({measured.group}): {measured.run.seconds:.2f} s, "
+                            f"{measured.rate:,.0f} rows/s, {measured.run.batches} batches",
+                            flush=True,
+                        )
+                spark.stop()  # the baseline runs without Spark's threads around
+                spark = None
+
+                if not args.no_baseline:
+                    most, fewest = max(args.members), min(args.members)
+                    for members in dict.fromkeys((most, fewest)):
+                        group = group_name(members, args.repeat)
+                        consumers = [f"{group}-{m}" for m in range(members)]
+                        what = f"{members} consumer{'s' if members > 1 else ''} of {group}"
+                        if members > 1:
+                            seconds, count = run_baseline_parallel(conn, address, consumers, args.messages)
+                            if count != args.messages:
+                                raise SystemExit(f"FAILED: the baseline on {what} read {count:,} of {args.messages:,}")
+                            baseline.append(Row(f"{what}, {min(PARALLEL, members)} processes", count, seconds))
+                        seconds, count = run_baseline_sequential(conn, address, consumers)
+                        if count != args.messages:
+                            raise SystemExit(f"FAILED: the baseline on {what} read {count:,} of {args.messages:,}")
+                        baseline.append(Row(f"{what}, 1 process", count, seconds))
+            finally:
+                close_all()
+    finally:
+        if spark is not None:
+            spark.stop()
+        shutil.rmtree(checkpoints, ignore_errors=True)
+
+    best: dict[int, Measured] = {}
+    for measured in runs:
+        if measured.members not in best or measured.rate > best[measured.members].rate:
+            best[measured.members] = measured
+    print(
+        f"\n{args.messages:,} msgs x {args.size} B, {args.partitions} partitions, {args.storage} storage, "
+        f"local[2], availableNow into noop" + (f", best of {args.repeat} runs" if args.repeat > 1 else "")
+    )
+    print_spark_table(best, runs)
+    if baseline:
+        print()
+        print_baseline_table(baseline)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
