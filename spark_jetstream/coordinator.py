@@ -50,6 +50,17 @@ OWNER_METADATA_KEY = "spark-jetstream.owner"
 _WORKQUEUE_OVERLAP = (10099, 10100)  # unfiltered or overlapping consumers on a WorkQueue stream
 
 
+def fault_point(name: str) -> None:
+    """Crash-test hook: with ``SPARK_JETSTREAM_FAULT=<name>:<file>`` the driver announces that it
+    reached ``<name>`` by creating ``<file>`` and then hangs, so a test can SIGKILL it exactly
+    there. Fires once per marker file; without the variable it costs one dict lookup."""
+    point, _, marker = os.environ.get("SPARK_JETSTREAM_FAULT", "").partition(":")
+    if point == name and marker and not os.path.exists(marker):
+        with open(marker, "w"):
+            pass
+        time.sleep(600)
+
+
 @dataclass(frozen=True)
 class StreamState:
     """What ``latestOffset`` needs from stream info."""
@@ -286,9 +297,10 @@ class Coordinator:
         workqueue = self.state().retention == "workqueue"
 
         async def reset() -> None:
-            await asyncio.gather(
-                *(self.api.reset(self.stream, layout.consumer(m), seq + 1) for m in layout.member_names)
-            )
+            for index, member in enumerate(layout.member_names):
+                await self.api.reset(self.stream, layout.consumer(member), seq + 1)
+                if index == 0 and seq > 0:
+                    fault_point("commit")  # a crash with only some floors moved
             if workqueue:
                 subjects = [s for m in layout.member_names for s in layout.filter_subjects(m)] or [""]
                 await asyncio.gather(*(self.api.purge_below(self.stream, seq + 1, s) for s in subjects))
@@ -366,6 +378,8 @@ class Coordinator:
 
     def latest(self, start: Watermark, limits: Limits) -> Watermark:
         """The end of the next batch after ``start`` (``start`` itself: no batch now)."""
+        if start.seq > 0:
+            fault_point("latest")  # the sink committed the last batch; the source has not acked it yet
         self.on_committed(start)
         state = self.state()
         self._check_data_loss(start, state)
@@ -407,6 +421,7 @@ class Coordinator:
         else:
             self.on_committed(start)
         self._check_data_loss(start, self.state(fresh=True))
+        fault_point("plan")  # the batch is in the offset log; no task has read it
         if end.seq <= start.seq:
             return []
         members = [

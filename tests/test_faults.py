@@ -110,3 +110,47 @@ def test_stream_deleted_and_created_again_while_the_query_is_down_fails_clearly(
         assert "Stream 'Again' was deleted and created again since the checkpoint was written" in message
     finally:
         api.delete_stream("Again")
+
+
+JOB = Path(__file__).parent / "jobs" / "stream_to_parquet.py"
+
+
+@pytest.mark.parametrize("point", ["latest", "plan", "commit"])
+def test_driver_killed_at_each_point_of_the_batch_cycle_restarts_exactly(
+    point, spark, nats_server, api, make_stream, tmp_path
+):
+    """``latest``: after the sink committed a batch, before the source acked it; ``plan``: the batch
+    is in the offset log but unread; ``commit``: some member floors moved, others not. (Mid-read is
+    tests/test_source.py::test_driver_killed_mid_batch_restarts_exactly_once.)"""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from chispa import assert_df_equality
+
+    stream = make_stream(3000, partitions=3)
+    out, checkpoint, marker = tmp_path / "out", tmp_path / "cp", tmp_path / "reached"
+    args = [sys.executable, str(JOB), "--servers", nats_server.url, "--stream", stream.name,
+            "--group", stream.group, "--out", str(out), "--checkpoint", str(checkpoint),
+            "--max-per-trigger", "700"]  # fmt: skip
+    env = {**os.environ, "SPARK_JETSTREAM_FAULT": f"{point}:{marker}"}
+    child = subprocess.Popen(args, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert child.poll() is None, child.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, f"the driver never reached {point}"
+            time.sleep(0.05)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+
+    finish = subprocess.run([*args, "--available-now"], capture_output=True, text=True, timeout=300)
+    assert finish.returncode == 0, finish.stderr[-3000:]
+    rows = [(subject, payload, seq, part) for seq, (subject, payload, _, part) in stream.messages.items()]
+    expected = spark.createDataFrame(rows, "subject string, data binary, seq long, partition int")
+    output = spark.read.parquet(str(out)).select("subject", "data", "seq", "partition")
+    assert_df_equality(output, expected, ignore_row_order=True, ignore_nullable=True)
+    floors = {api.consumer_info(stream.name, stream.consumer(p))["ack_floor"]["stream_seq"] for p in range(3)}
+    assert floors == {stream.last_seq}
