@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +83,35 @@ def test_half_a_client_certificate_is_refused_before_connecting(pki):
 def test_unreadable_tls_files_are_named(tmp_path):
     with pytest.raises(ConnectError, match="Cannot load the TLS files named by tls.ca/tls.cert/tls.key"):
         connect(ConnectionOptions(servers=("nats://127.0.0.1:1",), tls_ca=str(tmp_path / "missing.pem")))
+
+
+def test_secrets_never_reach_logs_errors_plans_progress_or_the_checkpoint(api, tmp_path):
+    import sys
+
+    from spark_jetstream.groups import partitioned_stream_config
+    from spark_jetstream.publish import publish_all
+
+    password, wrong_token = "pw-Sekr1t-7731", "tok-Wr0ng-5582"
+    with EmbeddedServer({"authorization": {"users": [{"user": "alice", "password": password}]}}, name="sec") as server:
+        options = ConnectionOptions(servers=(server.url,), user="alice", password=password)
+        secured = JetStreamApi(connect(options))
+        secured.create_stream(partitioned_stream_config("Sec", "sec.*", 2))
+        publish_all(secured.conn, ((f"sec.k{i}", b"x", None) for i in range(200)))
+        checkpoint = tmp_path / "cp"
+        job = Path(__file__).parent / "jobs" / "secret_job.py"
+        done = subprocess.run(
+            [sys.executable, str(job), server.url, password, wrong_token, str(checkpoint)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        disconnect(options)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    assert "PLAN" in output and "EXPLAIN" in output and "numInputRows" in output
+    assert "refused the credentials" in output  # the failing query's error was printed
+    for secret in (password, wrong_token):
+        assert secret not in output
+        for path in tmp_path.rglob("*"):
+            if path.is_file():
+                assert secret.encode() not in path.read_bytes(), path
