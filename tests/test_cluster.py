@@ -55,3 +55,69 @@ def test_consumer_leader_change_mid_read_loses_and_doubles_nothing(cluster_api):
     api.call(("CONSUMER", "LEADER", "STEPDOWN", "LC", "g-0"), None, "stepdown")
     seqs += _seqs(list(reader))
     assert seqs == list(range(published.first_seq, published.last_seq + 1))
+
+
+def test_query_survives_the_stream_and_consumer_leaders_being_killed(spark, nats_cluster, cluster_api, tmp_path):
+    import threading
+    import time
+
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType
+
+    api, conn = cluster_api, cluster_api.conn
+    api.create_stream(partitioned_stream_config("KL", "kl.*", 3, num_replicas=3))
+    published = publish_all(conn, ((f"kl.k{i % 101}", f"kl-{i}".encode(), None) for i in range(6000)))
+
+    @F.udf(LongType())
+    def slowly(seq: int) -> int:
+        time.sleep(0.001)
+        return seq
+
+    checkpoint = tmp_path / "cp"
+    query = (
+        spark.readStream.format("jetstream")
+        .option("servers", nats_cluster.urls)
+        .option("stream", "KL")
+        .option("group", "g")
+        .option("maxMessagesPerTrigger", 800)
+        .load()
+        .withColumn("seq", slowly("seq"))
+        .writeStream.format("parquet")
+        .option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
+    by_name = {server.name: server for server in nats_cluster.servers}
+    killed: list[str] = []
+
+    def kill_leaders() -> None:
+        while not (checkpoint / "commits" / "1").exists():
+            time.sleep(0.05)
+        leader = api.stream_info("KL")["cluster"]["leader"]
+        by_name[leader].kill()  # the stream leader, and every consumer it led
+        killed.append(leader)
+        time.sleep(3)
+        by_name[leader].start()
+        consumer_leader = api.consumer_info("KL", "g-0")["cluster"]["leader"]
+        by_name[consumer_leader].kill()
+        killed.append(consumer_leader)
+        time.sleep(3)
+        by_name[consumer_leader].start()
+
+    killer = threading.Thread(target=kill_leaders, daemon=True)
+    killer.start()
+    try:
+        deadline = time.monotonic() + 240
+        target = f'"seq": {published.last_seq}'
+        while killer.is_alive() or not (
+            query.lastProgress and target in (query.lastProgress["sources"][0]["endOffset"] or "")
+        ):
+            assert query.exception() is None, query.exception()
+            assert time.monotonic() < deadline, "the query did not finish after the leaders were killed"
+            time.sleep(0.2)
+    finally:
+        query.stop()
+        killer.join(30)
+    assert len(killed) == 2
+    seqs = sorted(r.seq for r in spark.read.parquet(str(tmp_path / "out")).select("seq").collect())
+    assert seqs == list(range(published.first_seq, published.last_seq + 1))
