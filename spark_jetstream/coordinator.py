@@ -348,6 +348,7 @@ class Coordinator:
 
     def initial(self) -> Watermark:
         """Where a new query starts (no checkpoint yet)."""
+        fault_point("initial")  # a new query, nothing in its checkpoint yet
         state = self.state(fresh=True)
         position = self.config.starting_position
         if self.config.starting_timestamp is not None:

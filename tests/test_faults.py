@@ -115,11 +115,12 @@ def test_stream_deleted_and_created_again_while_the_query_is_down_fails_clearly(
 JOB = Path(__file__).parent / "jobs" / "stream_to_parquet.py"
 
 
-@pytest.mark.parametrize("point", ["latest", "plan", "commit"])
+@pytest.mark.parametrize("point", ["initial", "latest", "plan", "commit"])
 def test_driver_killed_at_each_point_of_the_batch_cycle_restarts_exactly(
     point, spark, nats_server, api, make_stream, tmp_path
 ):
-    """``latest``: after the sink committed a batch, before the source acked it; ``plan``: the batch
+    """``initial``: a new query before its first offset; ``latest``: after the sink committed a batch,
+    before the source acked it; ``plan``: the batch
     is in the offset log but unread; ``commit``: some member floors moved, others not. (Mid-read is
     tests/test_source.py::test_driver_killed_mid_batch_restarts_exactly_once.)"""
     import os

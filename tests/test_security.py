@@ -115,3 +115,25 @@ def test_secrets_never_reach_logs_errors_plans_progress_or_the_checkpoint(api, t
         for path in tmp_path.rglob("*"):
             if path.is_file():
                 assert secret.encode() not in path.read_bytes(), path
+
+
+def test_nkey_authentication(tmp_path):
+    import os
+
+    import nkeys
+
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    public = nkeys.from_seed(bytearray(seed)).public_key.decode()
+    seed_file = tmp_path / "user.nk"
+    seed_file.write_bytes(seed)
+    stranger = tmp_path / "stranger.nk"
+    stranger.write_bytes(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))
+    with EmbeddedServer({"authorization": {"users": [{"nkey": public}]}}, name="nkey") as server:
+        options = ConnectionOptions(servers=(server.url,), nkey=str(seed_file))
+        assert JetStreamApi(connect(options)).account_info()["type"].endswith("account_info_response")
+        disconnect(options)
+        started = time.monotonic()
+        with pytest.raises(ConnectError, match="refused the credentials \\(nkey\\)") as caught:
+            connect(ConnectionOptions(servers=(server.url,), nkey=str(stranger), connect_timeout=3))
+        assert time.monotonic() - started < 5
+        assert seed.decode() not in str(caught.value)
