@@ -174,6 +174,8 @@ class Connection:
         restarting server or a JetStream leader election heals within that, a wrong domain does not."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        # Nobody listening is the answer a wrong domain gives at once: give up on it sooner.
+        responder_deadline = loop.time() + min(timeout, self.options.connect_timeout)
         delay = 0.05
         while True:
             attempt = max(0.05, min(deadline - loop.time(), _ATTEMPT_TIMEOUT))
@@ -181,7 +183,7 @@ class Connection:
                 msg = await self.client.request(subject, payload, timeout=attempt)
                 return msg.data
             except NoRespondersError:
-                if loop.time() + delay >= deadline:
+                if loop.time() + delay >= responder_deadline:
                     raise ConnectError(
                         f"No responder for {subject} on {self.server_url}: is JetStream enabled, and is the "
                         f"domain option right (now {self.options.domain or 'none'})?"
