@@ -203,11 +203,6 @@ class Connection:
         """How long API requests keep trying: long enough for a server restart or a leader election."""
         return max(self.options.connect_timeout, 10.0)
 
-    def request(self, subject: str, payload: bytes = b"", timeout: float | None = None) -> bytes:
-        """Send a request and return the reply payload."""
-        wait = timeout or self.api_timeout
-        return self.run(self.request_async(subject, payload, wait))
-
     async def subscribe_raw(self, handler: RawHandler, subject: str | None = None) -> tuple[str, int]:
         """Subscribe ``subject`` (default: a new inbox); its messages go to ``handler`` on the loop thread."""
         subject = subject or self.client.new_inbox()

@@ -84,8 +84,8 @@ class JetStreamApi:
         stream: str = "",
         consumer: str = "",
     ) -> dict[str, Any]:
-        payload = json.dumps(body).encode() if body is not None else b""
-        return self.decode(self.conn.request(self.subject(*tokens), payload), what, stream, consumer)
+        """``call_async`` from sync code."""
+        return self.conn.run(self.call_async(tokens, body, what, stream, consumer))
 
     async def call_async(
         self,
@@ -95,9 +95,9 @@ class JetStreamApi:
         stream: str = "",
         consumer: str = "",
     ) -> dict[str, Any]:
+        """One API request with a JSON body; errors become the connector's exceptions."""
         payload = json.dumps(body).encode() if body is not None else b""
-        wait = self.conn.api_timeout
-        raw = await self.conn.request_async(self.subject(*tokens), payload, wait)
+        raw = await self.conn.request_async(self.subject(*tokens), payload, self.conn.api_timeout)
         return self.decode(raw, what, stream, consumer)
 
     # -- streams -----------------------------------------------------------------------------
