@@ -1,16 +1,22 @@
 """Pipelined JetStream publishing: many messages in flight, every PubAck checked.
 
 Publishing one message and awaiting its PubAck caps out near 18k msg/s; core publishes without
-acks can be dropped by a busy server. This sends up to ``window`` messages before waiting, with
-one wildcard reply subscription whose raw handler matches PubAcks by token, and fails on the
-first error with the subject and the server's reason.
+acks can be dropped by a busy server. A ``Publisher`` keeps up to ``window`` messages ahead of
+their PubAcks, with one wildcard reply subscription whose raw handler counts PubAcks, and fails
+on the first error with the subject and the server's reason.
+
+Messages go out as ready-made ``PUB``/``HPUB`` protocol commands, many per socket write: the
+Spark writer builds them for a whole Arrow record batch at once (vectorized), ``publish_all``
+one by one. Either way each message's reply subject is ``<prefix>.<token>``, with tokens handed
+out by ``Publisher.reserve``, so a failed PubAck can be traced back to its subject.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Iterable
+import bisect
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .connection import Connection
@@ -18,6 +24,16 @@ from .errors import JetStreamError
 
 Message = tuple[str, bytes, dict[str, str] | None]
 """(subject, payload, headers or None)."""
+
+MSG_ID_HEADER = "Nats-Msg-Id"
+EXPECTED_STREAM_HEADER = "Nats-Expected-Stream"
+
+_STATUS = b"NATS/1.0 "
+_SEQ = re.compile(rb'"seq":(\d+)')
+_STREAM = re.compile(rb'"stream":"([^"]*)"')
+_DESCRIPTION = re.compile(rb'"description":"((?:[^"\\]|\\.)*)"')
+_ERR_CODE = re.compile(rb'"err_code":(\d+)')
+_HEADER_KEY = re.compile(r"^[!-9;-~]+$")  # printable ASCII without ':' and spaces, as the protocol needs
 
 
 class PublishError(JetStreamError):
@@ -35,6 +51,164 @@ class PublishResult:
     streams: set[str] = field(default_factory=set)
 
 
+def header_block(headers: Mapping[str, str | Sequence[str]] | Iterable[tuple[str, str | Sequence[str]]]) -> bytes:
+    """A NATS header block; a key with a list of values is repeated once per value.
+
+    Keys must be printable ASCII without ``:`` or spaces (the wire format has no escaping);
+    line breaks in values become spaces, as nats-py does.
+    """
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    lines = [b"NATS/1.0\r\n"]
+    for key, values in items:
+        if not _HEADER_KEY.match(key):
+            raise PublishError(
+                f"Header name {key!r} cannot be sent: NATS header names are printable ASCII without ':' or spaces."
+            )
+        for value in [values] if isinstance(values, str) else values:
+            clean = (value or "").replace("\r", " ").replace("\n", " ")
+            lines.append(f"{key}: {clean}\r\n".encode())
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
+def command(subject: bytes, reply: bytes, payload: bytes, headers: bytes | None) -> bytes:
+    """One ``PUB`` (or ``HPUB`` with a header block) protocol command."""
+    if headers is None:
+        return b"PUB %b %b %d\r\n%b\r\n" % (subject, reply, len(payload), payload)
+    size = len(headers)
+    return b"HPUB %b %b %d %d\r\n%b%b\r\n" % (subject, reply, size, size + len(payload), headers, payload)
+
+
+class Publisher:
+    """Pipelined publishes over one connection; every method runs on the connection's loop thread.
+
+    ``reserve`` tokens, build commands whose reply is ``reply_prefix + token``, ``send`` them,
+    then ``finish`` waits for every PubAck and raises ``PublishError`` on any failure.
+    """
+
+    def __init__(self, conn: Connection, window: int = 2000, timeout: float = 30.0) -> None:
+        self.conn = conn
+        self.window = max(2, window)
+        self.timeout = timeout
+        self.prefix = conn.client.new_inbox()
+        self.reply_prefix = f"{self.prefix}.".encode()
+        self.result = PublishResult()
+        self.sent = 0
+        self.outstanding = 0
+        self.failures: list[str] = []
+        self._next_token = 0
+        self._subjects: list[tuple[int, Callable[[int], str]]] = []  # (first token, token offset -> subject)
+        self._room = asyncio.Event()  # set when the window has room again (or something failed)
+        self._idle = asyncio.Event()  # set when nothing is outstanding (or something failed)
+        self._sid: int | None = None
+
+    async def open(self) -> Publisher:
+        _, self._sid = await self.conn.subscribe_raw(self._on_ack, f"{self.prefix}.*")
+        return self
+
+    async def close(self) -> None:
+        if self._sid is not None:
+            sid, self._sid = self._sid, None
+            await self.conn.unsubscribe_raw(sid)
+
+    def reserve(self, count: int, subject_of: Callable[[int], str]) -> int:
+        """Hand out ``count`` consecutive reply tokens; ``subject_of(i)`` names the i-th one's subject."""
+        first = self._next_token
+        self._next_token += count
+        self._subjects.append((first, subject_of))
+        return first
+
+    def subject_of(self, token: int) -> str:
+        index = bisect.bisect_right(self._subjects, token, key=lambda item: item[0]) - 1
+        if index < 0:
+            return "?"
+        first, lookup = self._subjects[index]
+        return lookup(token - first)
+
+    async def send(self, commands: bytes | memoryview, count: int) -> None:
+        """Write ``count`` ready commands in one go once the window has room for them."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        while self.outstanding and self.outstanding + count > self.window and not self.failures:
+            self._room.clear()
+            try:
+                await asyncio.wait_for(self._room.wait(), max(0.01, deadline - loop.time()))
+            except TimeoutError:
+                raise self._timeout_error() from None
+        self._raise_failures()
+        client = self.conn.client
+        if client.is_closed:
+            raise PublishError(f"The connection to {self.conn.server_url} is closed: publishing stopped.")
+        # What Client.publish does, minus its per-message subject check and header encoding:
+        # the caller validated subjects and built the whole commands already.
+        self.outstanding += count
+        self.sent += count
+        client._pending.append(commands)
+        client._pending_data_size += len(commands)
+        if client._flush_queue is not None and client._flush_queue.empty():
+            await client._flush_pending()
+
+    async def finish(self) -> PublishResult:
+        """Wait until every message sent has its PubAck; raise ``PublishError`` on any failure."""
+        if self.outstanding and not self.failures:
+            self._idle.clear()
+            try:
+                await asyncio.wait_for(self._idle.wait(), self.timeout)
+            except TimeoutError:
+                raise self._timeout_error() from None
+        self._raise_failures()
+        return self.result
+
+    def _raise_failures(self) -> None:
+        if self.failures:
+            more = f" ({len(self.failures)} messages failed in all)" if len(self.failures) > 1 else ""
+            raise PublishError(f"{self.failures[0]}{more}.")
+
+    def _timeout_error(self) -> PublishError:
+        return PublishError(
+            f"{self.outstanding} of {self.sent} messages got no PubAck within {self.timeout:g}s (the last sent "
+            f"was for {self.subject_of(self._next_token - 1)!r}): is the stream's leader available? Raise "
+            "publishTimeout if the server is just slow."
+        )
+
+    def _on_ack(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        """Raw handler of the PubAck subscription (loop thread, once per message: keep it lean)."""
+        self.outstanding -= 1
+        if headers is not None and headers.startswith(_STATUS):
+            self._fail(subject, headers[len(_STATUS) :].split(b"\r\n", 1)[0].decode(errors="replace"))
+        elif b'"error"' in data:
+            description = _DESCRIPTION.search(data)
+            code = _ERR_CODE.search(data)
+            reason = description.group(1).decode(errors="replace") if description else data.decode(errors="replace")
+            self._fail(subject, f"{reason} (error {code.group(1).decode() if code else '?'})")
+        else:
+            result = self.result
+            result.count += 1
+            if b'"duplicate"' in data:  # the server writes `"duplicate": true`
+                result.duplicates += 1
+            found = _SEQ.search(data)
+            if found:
+                seq = int(found.group(1))
+                if not result.first_seq or seq < result.first_seq:
+                    result.first_seq = seq
+                if seq > result.last_seq:
+                    result.last_seq = seq
+            stream = _STREAM.search(data)
+            if stream:
+                result.streams.add(stream.group(1).decode())
+        if self.outstanding <= self.window // 2 or self.failures:
+            self._room.set()
+            if not self.outstanding or self.failures:
+                self._idle.set()
+
+    def _fail(self, ack_subject: bytes, reason: str) -> None:
+        token = ack_subject[len(self.reply_prefix) :]
+        sent_to = self.subject_of(int(token)) if token.isdigit() else "?"
+        if reason.startswith("503"):
+            reason = f"{reason}: no stream captures this subject (create one, or fix the subject)"
+        self.failures.append(f"Publishing to {sent_to!r} failed: {reason}")
+
+
 def publish_all(
     conn: Connection, messages: Iterable[Message], window: int = 2000, timeout: float = 30.0
 ) -> PublishResult:
@@ -43,55 +217,34 @@ def publish_all(
 
 
 async def _publish_all(conn: Connection, messages: Iterable[Message], window: int, timeout: float) -> PublishResult:
-    client = conn.client
-    prefix = client.new_inbox()
-    in_flight: dict[bytes, str] = {}
-    result = PublishResult()
-    failures: list[str] = []
-    room = asyncio.Event()
-    room.set()
-
-    def on_ack(subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
-        sent_to = in_flight.pop(subject[len(prefix) + 1 :], "?")
-        if headers and headers.startswith(b"NATS/1.0 "):
-            status = headers[9:].split(b"\r\n", 1)[0].decode(errors="replace")
-            hint = " (no stream captures this subject)" if status.startswith("503") else ""
-            failures.append(f"publish to {sent_to!r} failed: {status}{hint}")
-        else:
-            ack = json.loads(data)
-            if "error" in ack:
-                failures.append(f"publish to {sent_to!r} failed: {ack['error'].get('description')}")
-            else:
-                result.count += 1
-                result.duplicates += bool(ack.get("duplicate"))
-                result.first_seq = result.first_seq or ack["seq"]
-                result.last_seq = max(result.last_seq, ack["seq"])
-                result.streams.add(ack["stream"])
-        if len(in_flight) < window // 2 or failures:
-            room.set()
-
-    _, sid = await conn.subscribe_raw(on_ack, f"{prefix}.*")
+    publisher = await Publisher(conn, window, timeout).open()
+    chunk = max(1, publisher.window // 2)
+    max_payload = conn.client.max_payload
     try:
-        for index, (subject, payload, headers) in enumerate(messages):
-            if len(in_flight) >= window:
-                room.clear()
-                await asyncio.wait_for(room.wait(), timeout)
-            if failures:
-                break
-            token = str(index).encode()
-            in_flight[token] = subject
-            await client.publish(subject, payload, reply=f"{prefix}.{index}", headers=headers)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while in_flight and not failures:
-            if loop.time() > deadline:
-                raise PublishError(f"{len(in_flight)} publishes got no PubAck within {timeout:g}s.")
-            room.clear()
-            await asyncio.wait_for(room.wait(), max(0.01, deadline - loop.time()))
-    except TimeoutError:
-        raise PublishError(f"{len(in_flight)} publishes got no PubAck within {timeout:g}s.") from None
+        commands: list[bytes] = []
+        subjects: list[str] = []
+        for subject, payload, headers in messages:
+            if not subject or any(c in subject for c in " \t\r\n"):
+                raise PublishError(f"Cannot publish to {subject!r}: a subject is not empty and has no whitespace.")
+            block = header_block(headers) if headers else None
+            if len(payload) + len(block or b"") > max_payload:
+                raise PublishError(
+                    f"A message for {subject!r} has {len(payload):,} bytes, more than the server's max_payload "
+                    f"({max_payload:,}): split it or raise max_payload."
+                )
+            reply = publisher.reply_prefix + str(publisher._next_token + len(commands)).encode()
+            commands.append(command(subject.encode(), reply, payload, block))
+            subjects.append(subject)
+            if len(commands) >= chunk:
+                await _send_chunk(publisher, commands, subjects)
+                commands, subjects = [], []
+        if commands:
+            await _send_chunk(publisher, commands, subjects)
+        return await publisher.finish()
     finally:
-        await conn.unsubscribe_raw(sid)
-    if failures:
-        raise PublishError(f"{failures[0]} ({len(failures)} failed in all).")
-    return result
+        await publisher.close()
+
+
+async def _send_chunk(publisher: Publisher, commands: list[bytes], subjects: list[str]) -> None:
+    publisher.reserve(len(commands), subjects.__getitem__)
+    await publisher.send(b"".join(commands), len(commands))
