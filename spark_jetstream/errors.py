@@ -16,6 +16,10 @@ class OptionError(JetStreamError, ValueError):
     """An option is unknown, missing or malformed."""
 
 
+class SchemaError(JetStreamError, ValueError):
+    """The DataFrame's columns do not fit the writer (missing, or of a type it cannot publish)."""
+
+
 class ConnectError(JetStreamError):
     """No usable connection: unreachable server, refused credentials, TLS failure, no JetStream."""
 

@@ -92,6 +92,10 @@ def parse_timestamp(text: str) -> datetime:
 
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+SUBJECT_PATTERN = r"^[^\s.]+(\.[^\s.]+)*$"
+"""A publishable subject: dot-separated non-empty tokens without whitespace (RE2 and Python syntax) ..."""
+WILDCARD_TOKEN_PATTERN = r"(^|\.)[*>](\.|$)"
+"""... none of which is a wildcard token."""
 
 
 def parse_name(text: str) -> str:
@@ -100,6 +104,28 @@ def parse_name(text: str) -> str:
     if not _NAME.match(stripped):
         raise ValueError("use only letters, digits, '-' and '_'")
     return stripped
+
+
+def parse_subject(text: str) -> str:
+    """A subject to publish to: dot-separated tokens without whitespace or wildcards."""
+    stripped = text.strip()
+    if not re.match(SUBJECT_PATTERN, stripped) or re.search(WILDCARD_TOKEN_PATTERN, stripped):
+        raise ValueError("expected a subject such as orders.eu.new (no spaces, empty tokens or wildcards)")
+    return stripped
+
+
+def parse_end_position(text: str) -> str | int:
+    """``latest`` or the last stream sequence to read (inclusive)."""
+    lowered = text.strip().lower()
+    if lowered == "latest":
+        return lowered
+    try:
+        seq = int(lowered)
+    except ValueError:
+        raise ValueError("expected latest or a stream sequence number") from None
+    if seq < 0:
+        raise ValueError("a stream sequence is not negative")
+    return seq
 
 
 def parse_text(text: str) -> str:
@@ -294,6 +320,97 @@ SOURCE_OPTIONS: tuple[Option, ...] = (
 READER_OPTIONS = CONNECTION_OPTIONS + PULL_OPTIONS + SOURCE_OPTIONS
 
 
+BATCH_READ_OPTIONS: tuple[Option, ...] = (
+    Option("stream", parse_name, None, "The JetStream stream to read.", required=True),
+    Option(
+        "group",
+        parse_name,
+        None,
+        "Optional: read what this group reads (its work stream, its members' filter subjects), without "
+        "touching its consumers. Default: the whole stream.",
+    ),
+    Option("members", parse_positive_int, None, "With `group`: as for streaming reads."),
+    Option(
+        "startingPosition",
+        parse_position,
+        None,
+        "First message: `earliest` (default), `latest`, `group` (after the group's ack floor) or a stream sequence.",
+    ),
+    Option("startingTimestamp", parse_timestamp, None, "Start at the first message stored at or after this time."),
+    Option(
+        "endingPosition",
+        parse_end_position,
+        "latest",
+        "Last message: `latest` (the stream's last sequence when the query is planned) or a stream sequence "
+        "(inclusive).",
+    ),
+    Option("endingTimestamp", parse_timestamp, None, "Stop before the first message stored at or after this time."),
+    Option(
+        "failOnDataLoss",
+        parse_bool,
+        True,
+        "Fail when messages from `startingPosition` on were already removed; `false` reads what is left.",
+    ),
+    Option("includeHeaders", parse_bool, False, "Add the `headers` column."),
+    Option(
+        "maxRangePerPartition",
+        parse_positive_int,
+        1_000_000,
+        "Most stream sequences one Spark partition covers; longer ranges are split into more partitions.",
+    ),
+    Option("directGetBatch", parse_positive_int, 10_000, "Messages asked for by one Direct Get request.", minimum=1),
+    Option("recordBatchSize", parse_int, 10_000, "Rows per Arrow record batch handed to Spark.", minimum=1),
+)
+"""Options of ``spark.read.format("jetstream")`` besides the connection options."""
+
+BATCH_READER_OPTIONS = CONNECTION_OPTIONS + BATCH_READ_OPTIONS
+
+_OPTIONAL_GROUP = Option("group", parse_name, None, "The consumer group.")
+LOAD_OPTIONS: tuple[Option, ...] = tuple(
+    {option.name: option for option in (*READER_OPTIONS, *BATCH_READER_OPTIONS, _OPTIONAL_GROUP)}.values()
+)
+"""What ``load()`` accepts: streaming or batch read options (Spark does not say which is coming)."""
+
+SINK_OPTIONS: tuple[Option, ...] = (
+    Option("subject", parse_subject, None, "Subject of rows without a `subject` column, or whose `subject` is null."),
+    Option(
+        "deduplicate",
+        parse_bool,
+        True,
+        "Give every message a `Nats-Msg-Id` (the row's `msg_id`, else one derived from the query, batch, "
+        "partition and row), so a replayed batch or retried task is stored once (within the stream's duplicate "
+        "window); `false` is faster, but a replay or retry stores its messages again.",
+    ),
+    Option(
+        "expectedStream",
+        parse_name,
+        None,
+        "Every message must be stored by this stream (`Nats-Expected-Stream`); otherwise the write fails.",
+    ),
+    Option(
+        "commitBucket",
+        parse_name,
+        "spark-jetstream-commits",
+        "KV bucket of the streaming writer's committed-batch markers; created when missing.",
+    ),
+    Option("commitBucketReplicas", parse_positive_int, 1, "Replicas of `commitBucket` when the writer creates it."),
+    Option("publishWindow", parse_int, 4000, "Messages a task publishes ahead of their PubAcks.", minimum=2),
+    Option(
+        "publishTimeout",
+        parse_duration,
+        30.0,
+        "How long a task waits for outstanding PubAcks before it fails.",
+        minimum=0.1,
+    ),
+)
+"""Options of ``df.write``/``df.writeStream`` ``.format("jetstream")`` besides the connection options."""
+
+WRITER_OPTIONS = CONNECTION_OPTIONS + SINK_OPTIONS
+
+SPARK_WRITE_OPTIONS = frozenset({"checkpointlocation"})
+"""Options Spark itself adds to a streaming writer's options: not ours to check."""
+
+
 def _default_text(option: Option) -> str:
     default = option.default
     if default is None:
@@ -307,9 +424,28 @@ def _default_text(option: Option) -> str:
     return str(default)
 
 
-def options_markdown() -> str:
-    """The README's option table, generated from the definitions above."""
+def _table(options: Iterable[Option]) -> list[str]:
     lines = ["| option | default | meaning |", "|---|---|---|"]
-    for option in READER_OPTIONS:
+    for option in options:
         lines.append(f"| `{option.name}` | {_default_text(option)} | {option.doc} |")
-    return "\n".join(lines)
+    return lines
+
+
+def options_markdown() -> str:
+    """The README's option tables, generated from the definitions above."""
+    return "\n".join(
+        [
+            'Streaming reads, `spark.readStream.format("jetstream")`:',
+            "",
+            *_table(READER_OPTIONS),
+            "",
+            'Batch reads, `spark.read.format("jetstream")`: the connection options (`servers` to `connectTimeout`) and',
+            "",
+            *_table(BATCH_READ_OPTIONS),
+            "",
+            'Writes, `df.write.format("jetstream")` and `df.writeStream.format("jetstream")`: the connection '
+            "options and",
+            "",
+            *_table(SINK_OPTIONS),
+        ]
+    )

@@ -25,6 +25,8 @@ from .errors import JetStreamError
 Message = tuple[str, bytes, dict[str, str] | None]
 """(subject, payload, headers or None)."""
 
+HeaderValue = str | Sequence[str] | None
+
 MSG_ID_HEADER = "Nats-Msg-Id"
 EXPECTED_STREAM_HEADER = "Nats-Expected-Stream"
 
@@ -51,24 +53,28 @@ class PublishResult:
     streams: set[str] = field(default_factory=set)
 
 
-def header_block(headers: Mapping[str, str | Sequence[str]] | Iterable[tuple[str, str | Sequence[str]]]) -> bytes:
-    """A NATS header block; a key with a list of values is repeated once per value.
+def header_lines(headers: Mapping[str, HeaderValue] | Iterable[tuple[str, HeaderValue]]) -> bytes:
+    """``Key: value`` lines of a NATS header block; a key with a list of values is repeated per value.
 
-    Keys must be printable ASCII without ``:`` or spaces (the wire format has no escaping);
-    line breaks in values become spaces, as nats-py does.
+    Keys must be printable ASCII without ``:`` or spaces (the wire format has no escaping); line
+    breaks in values become spaces, as nats-py does; a null value list adds no line.
     """
     items = headers.items() if isinstance(headers, Mapping) else headers
-    lines = [b"NATS/1.0\r\n"]
+    lines = []
     for key, values in items:
-        if not _HEADER_KEY.match(key):
+        if not _HEADER_KEY.match(key or ""):
             raise PublishError(
                 f"Header name {key!r} cannot be sent: NATS header names are printable ASCII without ':' or spaces."
             )
-        for value in [values] if isinstance(values, str) else values:
+        for value in [values] if values is None or isinstance(values, str) else values:
             clean = (value or "").replace("\r", " ").replace("\n", " ")
             lines.append(f"{key}: {clean}\r\n".encode())
-    lines.append(b"\r\n")
     return b"".join(lines)
+
+
+def header_block(headers: Mapping[str, HeaderValue] | Iterable[tuple[str, HeaderValue]]) -> bytes:
+    """A whole NATS header block (see ``header_lines``)."""
+    return b"NATS/1.0\r\n" + header_lines(headers) + b"\r\n"
 
 
 def command(subject: bytes, reply: bytes, payload: bytes, headers: bytes | None) -> bytes:

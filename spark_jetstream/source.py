@@ -1,6 +1,6 @@
 """The Spark-facing layer: the ``jetstream`` data source and its stream reader. Thin: it
 converts Spark's offsets and read limits and delegates to the coordinator (driver) and the
-pinned pull reader (executors).
+pinned pull reader (executors); batch reads live in ``batch.py``, writes in ``sink.py``.
 
 >>> spark.readStream.format("jetstream").option("servers", "nats://localhost:4222") \\
 ...     .option("stream", "orders").option("group", "spark").load()
@@ -23,13 +23,17 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from .batch import BATCH_ONLY_OPTIONS, BatchConfig, JetStreamBatchReader
 from .config import SourceConfig
 from .connection import connect
 from .coordinator import Coordinator
+from .errors import OptionError
 from .offsets import Watermark
+from .options import LOAD_OPTIONS, parse_options
 from .planning import Limits
 from .pull import MemberRange, read_member
 from .rows import spark_schema_ddl
+from .sink import JetStreamBatchWriter, JetStreamStreamWriter, batch_writer, stream_writer
 
 
 class MemberPartition(InputPartition):
@@ -41,21 +45,42 @@ class MemberPartition(InputPartition):
 
 
 class JetStreamDataSource(DataSource):
-    """``format("jetstream")``: NATS JetStream as a Spark source (and, later, sink)."""
+    """``format("jetstream")``: NATS JetStream as a Spark source and sink.
+
+    Which options apply depends on the use, which Spark reveals only in the method it calls:
+    ``schema()`` (at ``load()``) checks them against every read option, so bad read options fail
+    at ``load()``; ``streamReader``/``reader``/``writer``/``streamWriter`` then apply their own set.
+    """
 
     @classmethod
     def name(cls) -> str:
         return "jetstream"
 
-    def __init__(self, options: dict[str, str]) -> None:
-        super().__init__(options)
-        self.config = SourceConfig.parse(options)  # bad options fail at load()
-
     def schema(self) -> str:
-        return spark_schema_ddl(self.config.include_headers)
+        values = parse_options(self.options, LOAD_OPTIONS)
+        for first, second in (("startingPosition", "startingTimestamp"), ("endingPosition", "endingTimestamp")):
+            if values[second] is not None and any(key.lower() == first.lower() for key in self.options):
+                raise OptionError(f"Set {first} or {second}, not both.")
+        return spark_schema_ddl(values["includeHeaders"])
 
     def streamReader(self, schema: StructType) -> JetStreamStreamReader:
-        return JetStreamStreamReader(self.config)
+        for key in self.options:
+            name = next((n for n in BATCH_ONLY_OPTIONS if n.lower() == key.lower()), None)
+            if name is not None:
+                raise OptionError(
+                    f"Option {name!r} applies to spark.read only: a streaming query has no end. Use "
+                    "trigger(availableNow=True) to stop at the messages there are when it starts."
+                )
+        return JetStreamStreamReader(SourceConfig.parse(self.options))
+
+    def reader(self, schema: StructType) -> JetStreamBatchReader:
+        return JetStreamBatchReader(BatchConfig.parse(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> JetStreamBatchWriter:
+        return batch_writer(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> JetStreamStreamWriter:
+        return stream_writer(self.options, schema)
 
 
 class JetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

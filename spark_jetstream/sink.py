@@ -1,0 +1,516 @@
+"""The jetstream sink: ``df.write`` and ``df.writeStream`` ``.format("jetstream")``.
+
+Each Spark task publishes its partition's rows pipelined (``publish.Publisher``) and checks every
+PubAck; any failure fails the task with the subject and the server's reason. The protocol
+commands for a whole slice of rows are built with Arrow compute kernels, so Python does no
+per-row work unless the rows carry ``headers``.
+
+Exactly-once for streaming writes has two parts:
+
+* ``Nats-Msg-Id = <queryId>:<batchId>:<partition>:<row>`` (or the row's ``msg_id``): a batch
+  replayed within the target stream's duplicate window is stored once, because the server drops
+  the ids it has seen.
+* Markers in a KV bucket (``commitBucket``): the driver's ``commit`` records the query's last
+  committed batch (key ``<queryId>``), and each task records the last batch it published whole
+  (key ``<queryId>.<partition>``). A replayed batch that was committed, or a replayed partition
+  that was published whole, is skipped without publishing, however long after the window.
+
+What neither covers: a partition that was interrupted half-way, and replayed after the stream's
+duplicate window, publishes its first part again. The ids also assume a replay puts the same
+rows in the same partitions and order (true for deterministic plans over replayable sources,
+not after a shuffle); otherwise give each row a ``msg_id`` derived from its content.
+
+Batch writes (``df.write``) use ``Nats-Msg-Id = <writeId>:<partition>:<row>`` with a random id
+per ``save()``: Spark's task retries and speculative copies are stored once, while running the
+job again is a new write (a batch job has no checkpoint to say what was written); give rows a
+``msg_id`` to make re-runs within the duplicate window idempotent.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StringType, StructType
+
+from .connection import Connection, ConnectionOptions, connect
+from .errors import ApiError, ConnectError, JetStreamError, OptionError, SchemaError, StreamNotFoundError
+from .jsapi import JetStreamApi
+from .options import SPARK_WRITE_OPTIONS, SUBJECT_PATTERN, WILDCARD_TOKEN_PATTERN, WRITER_OPTIONS, parse_options
+from .publish import EXPECTED_STREAM_HEADER, MSG_ID_HEADER, Publisher, PublishError, header_lines
+
+log = logging.getLogger(__name__)
+
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+STREAM_NAME_EXISTS = 10058
+
+_COLUMNS = ("subject", "data", "headers", "msg_id")
+
+
+def _bin(value: bytes) -> pa.Scalar:
+    return pa.scalar(value, pa.large_binary())
+
+
+_CRLF = _bin(b"\r\n")
+_EMPTY = _bin(b"")
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    """Everything ``format("jetstream")`` was told for a write. Picklable; secrets stay out of repr."""
+
+    connection: ConnectionOptions
+    subject: str | None = None
+    deduplicate: bool = True
+    expected_stream: str | None = None
+    commit_bucket: str = "spark-jetstream-commits"
+    commit_bucket_replicas: int = 1
+    window: int = 4000
+    timeout: float = 30.0
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, str]) -> SinkConfig:
+        values = parse_options({k: v for k, v in raw.items() if k.lower() not in SPARK_WRITE_OPTIONS}, WRITER_OPTIONS)
+        return cls(
+            connection=ConnectionOptions.from_options(values),
+            subject=values["subject"],
+            deduplicate=values["deduplicate"],
+            expected_stream=values["expectedStream"],
+            commit_bucket=values["commitBucket"],
+            commit_bucket_replicas=values["commitBucketReplicas"],
+            window=values["publishWindow"],
+            timeout=values["publishTimeout"],
+        )
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Positions of the input columns the writer uses (None: absent)."""
+
+    data: int
+    subject: int | None = None
+    headers: int | None = None
+    msg_id: int | None = None
+
+
+def check_columns(schema: StructType, config: SinkConfig) -> Columns:
+    """Map the DataFrame's columns, or raise ``SchemaError`` naming the column and the accepted types.
+
+    Runs on the driver when the write is planned, so nothing is published from a DataFrame that
+    does not fit.
+    """
+    by_name = {f.name.lower(): (i, f) for i, f in enumerate(schema.fields)}
+    for name in by_name:
+        if name not in _COLUMNS:
+            close = difflib.get_close_matches(name, _COLUMNS, n=1, cutoff=0.75)
+            if close and close[0] not in by_name:
+                raise SchemaError(
+                    f"Column {name!r} is not used by the jetstream writer: did you mean {close[0]!r}? It reads "
+                    "subject, data, headers and msg_id and ignores other columns."
+                )
+
+    def typed(name: str, accepted: dict[str, Callable[[DataType], bool]]) -> int | None:
+        found = by_name.get(name)
+        if found is None:
+            return None
+        index, field = found
+        if not any(fits(field.dataType) for fits in accepted.values()):
+            raise SchemaError(
+                f"Column {name!r} has type {field.dataType.simpleString()}, but the jetstream writer accepts "
+                f"{' or '.join(accepted)}: cast it."
+            )
+        return index
+
+    def is_string(t: DataType) -> bool:
+        return isinstance(t, StringType)
+
+    def is_string_map(t: DataType) -> bool:
+        return isinstance(t, MapType) and is_string(t.keyType) and is_string(t.valueType)
+
+    def is_list_map(t: DataType) -> bool:
+        return (
+            isinstance(t, MapType)
+            and is_string(t.keyType)
+            and isinstance(t.valueType, ArrayType)
+            and is_string(t.valueType.elementType)
+        )
+
+    data = typed("data", {"binary": lambda t: isinstance(t, BinaryType), "string": is_string})
+    if data is None:
+        raise SchemaError(
+            "The DataFrame has no 'data' column: add the message payloads as a binary or string column named data."
+        )
+    subject = typed("subject", {"string": is_string})
+    if subject is None and config.subject is None:
+        raise SchemaError(
+            "The DataFrame has no 'subject' column and the subject option is not set: add a string column named "
+            "subject, or .option('subject', ...)."
+        )
+    headers = typed("headers", {"map<string,string>": is_string_map, "map<string,array<string>>": is_list_map})
+    return Columns(data=data, subject=subject, headers=headers, msg_id=typed("msg_id", {"string": is_string}))
+
+
+@dataclass
+class WriteResult(WriterCommitMessage):
+    """What one task did, reported to the driver's ``commit``."""
+
+    partition: int
+    published: int = 0
+    duplicates: int = 0
+    skipped: bool = False
+    query_id: str | None = None
+    batch_id: int | None = None
+
+
+# -- the task side -------------------------------------------------------------------------------
+
+
+class _Commands:
+    """Builds PUB/HPUB commands for a slice of rows with Arrow kernels (no per-row Python)."""
+
+    def __init__(self, config: SinkConfig, columns: Columns, id_prefix: str | None, max_payload: int) -> None:
+        self.config = config
+        self.columns = columns
+        self.id_prefix = _bin(id_prefix.encode()) if id_prefix is not None else None
+        self.max_payload = max_payload
+        self.default_subject = _bin(config.subject.encode()) if config.subject else None
+        expected = config.expected_stream
+        self.expected_line = _bin(f"{EXPECTED_STREAM_HEADER}: {expected}\r\n".encode()) if expected else None
+
+    def subjects(self, rows: pa.RecordBatch, first_row: int) -> pa.Array:
+        if self.columns.subject is None:
+            assert self.default_subject is not None
+            return pa.repeat(self.default_subject, rows.num_rows)
+        subjects = rows.column(self.columns.subject).cast(pa.large_string())
+        if subjects.null_count:
+            if self.default_subject is None:
+                row = first_row + subjects.is_null().to_pylist().index(True)
+                raise PublishError(
+                    f"Row {row} of this task's partition has a null subject and the subject option is not set: "
+                    "fill the subject column or set .option('subject', ...)."
+                )
+            subjects = subjects.fill_null(self.config.subject)
+        valid = pc.and_(
+            pc.match_substring_regex(subjects, SUBJECT_PATTERN),
+            pc.invert(pc.match_substring_regex(subjects, WILDCARD_TOKEN_PATTERN)),
+        )
+        if not pc.all(valid).as_py():
+            bad = subjects[valid.to_pylist().index(False)].as_py()
+            raise PublishError(
+                f"Cannot publish to subject {bad!r}: a subject is dot-separated tokens without spaces, empty "
+                "tokens or wildcards. Fix the subject column."
+            )
+        return subjects.cast(pa.large_binary())
+
+    def header_blocks(self, rows: pa.RecordBatch, first_row: int) -> pa.Array | None:
+        """One header block per row, or None when no row needs headers (plain PUB then)."""
+        n = rows.num_rows
+        parts: list[pa.Array | pa.Scalar] = []
+        has_id_header: list[bool] | None = None
+        if self.columns.headers is not None:
+            lines, has_id_header = [], []
+            for entry in rows.column(self.columns.headers).to_pylist():
+                lines.append(header_lines(entry) if entry else b"")
+                has_id_header.append(bool(entry) and any(key == MSG_ID_HEADER for key, _ in entry))
+            parts.append(pa.array(lines, pa.large_binary()))
+        ids = self.msg_ids(rows, first_row)
+        if ids is not None:
+            line = pc.binary_join_element_wise(_bin(f"{MSG_ID_HEADER}: ".encode()), ids, _CRLF, _EMPTY)
+            if has_id_header is not None and any(has_id_header):  # the row's own Nats-Msg-Id header wins
+                line = pc.if_else(pa.array(has_id_header), _EMPTY, line)
+            parts.append(line.fill_null(_EMPTY))
+        if self.expected_line is not None:
+            parts.append(self.expected_line)
+        if not parts:
+            return None
+        blocks = pc.binary_join_element_wise(_bin(b"NATS/1.0\r\n"), *parts, _CRLF, _EMPTY)
+        return blocks if isinstance(blocks, pa.Array) else pa.repeat(blocks, n)
+
+    def msg_ids(self, rows: pa.RecordBatch, first_row: int) -> pa.Array | None:
+        given = None
+        if self.columns.msg_id is not None:
+            given = rows.column(self.columns.msg_id).cast(pa.large_binary())
+            if pc.any(pc.match_substring_regex(given.cast(pa.large_string()), r"[\r\n]")).as_py():
+                raise PublishError("A msg_id contains a line break, which NATS headers cannot carry: remove it.")
+        if not self.config.deduplicate or self.id_prefix is None:
+            return given
+        indexes = pa.array(range(first_row, first_row + rows.num_rows), pa.int64()).cast(pa.large_string())
+        generated = pc.binary_join_element_wise(self.id_prefix, indexes.cast(pa.large_binary()), _EMPTY)
+        return generated if given is None else pc.coalesce(given, generated)
+
+    def build(self, rows: pa.RecordBatch, first_row: int, reply_prefix: bytes, first_token: int) -> pa.Array:
+        """The commands of ``rows`` as one large_binary array; reply tokens count up from ``first_token``."""
+        n = rows.num_rows
+        subjects = self.subjects(rows, first_row)
+        data = rows.column(self.columns.data).cast(pa.large_binary()).fill_null(_EMPTY)
+        tokens = pa.array(range(first_token, first_token + n), pa.int64()).cast(pa.large_string())
+        reply = pc.binary_join_element_wise(_bin(reply_prefix), tokens.cast(pa.large_binary()), _EMPTY)
+        blocks = self.header_blocks(rows, first_row)
+        data_size = pc.binary_length(data)
+        if blocks is None:
+            total = data_size
+            head = [_bin(b"PUB "), subjects, _bin(b" "), reply, _bin(b" ")]
+            body = [_CRLF, data, _CRLF]
+        else:
+            header_size = pc.binary_length(blocks)
+            total = pc.add(header_size, data_size)
+            head = [_bin(b"HPUB "), subjects, _bin(b" "), reply, _bin(b" "), _text(header_size), _bin(b" ")]
+            body = [_CRLF, blocks, data, _CRLF]
+        too_big = pc.greater(total, self.max_payload)
+        if pc.any(too_big).as_py():
+            index = too_big.to_pylist().index(True)
+            raise PublishError(
+                f"Row {first_row + index} for subject {subjects[index].as_py().decode()!r} has "
+                f"{total[index].as_py():,} bytes with headers, more than the server's max_payload "
+                f"({self.max_payload:,}): split the payload or raise max_payload."
+            )
+        return pc.binary_join_element_wise(*head, _text(total), *body, _EMPTY)
+
+
+def _text(numbers: pa.Array) -> pa.Array:
+    return numbers.cast(pa.large_string()).cast(pa.large_binary())
+
+
+def _value_range(array: pa.Array) -> memoryview:
+    """The bytes of all values of a fresh large_binary array, without copying."""
+    _, offsets, values = array.buffers()
+    bounds = pa.Array.from_buffers(pa.int64(), len(array) + 1, [None, offsets], offset=array.offset)
+    return memoryview(values)[bounds[0].as_py() : bounds[len(array)].as_py()]
+
+
+def publish_rows(
+    conn: Connection,
+    config: SinkConfig,
+    columns: Columns,
+    batches: Iterator[pa.RecordBatch],
+    id_prefix: str | None,
+) -> tuple[int, int]:
+    """Publish every row pipelined; return (messages stored, of which duplicates). Raises ``PublishError``."""
+    publisher = conn.run(Publisher(conn, config.window, config.timeout).open())
+    commands = _Commands(config, columns, id_prefix, conn.client.max_payload)
+    chunk = max(1, publisher.window // 2)
+    row = 0
+    try:
+        for batch in batches:
+            for start in range(0, batch.num_rows, chunk):
+                rows = batch.slice(start, chunk)
+                first_token = publisher.reserve(rows.num_rows, _subject_lookup(rows, columns, config))
+                built = commands.build(rows, row, publisher.reply_prefix, first_token)
+                conn.run(publisher.send(_value_range(built), rows.num_rows))
+                row += rows.num_rows
+        result = conn.run(publisher.finish())
+    finally:
+        conn.run(publisher.close(), timeout=10)
+    return result.count, result.duplicates
+
+
+def _subject_lookup(rows: pa.RecordBatch, columns: Columns, config: SinkConfig) -> Any:
+    """token offset -> subject, evaluated only to name the subject of a failed publish."""
+    if columns.subject is None:
+        return lambda _: config.subject or "?"
+    column = rows.column(columns.subject)
+    return lambda i: column[i].as_py() or config.subject or "?"
+
+
+# -- KV markers ----------------------------------------------------------------------------------
+
+_ensured: set[tuple[ConnectionOptions, str]] = set()
+_ensured_lock = threading.Lock()
+
+
+def ensure_bucket(conn: Connection, bucket: str, replicas: int) -> None:
+    """Create the KV bucket of commit markers when missing (once per process)."""
+    with _ensured_lock:
+        if (conn.options, bucket) in _ensured:
+            return
+    api = JetStreamApi(conn)
+    try:
+        api.stream_info(f"KV_{bucket}")
+    except StreamNotFoundError:
+        config = {
+            "name": f"KV_{bucket}",
+            "subjects": [f"$KV.{bucket}.>"],
+            "max_msgs_per_subject": 1,
+            "discard": "new",
+            "allow_rollup_hdrs": True,
+            "deny_delete": True,
+            "allow_direct": True,
+            "num_replicas": replicas,
+            "storage": "file",
+            "duplicate_window": 120 * 1_000_000_000,
+            "description": "spark-jetstream: the last committed batch per streaming query and partition",
+        }
+        try:
+            api.create_stream(config)
+        except ApiError as exc:
+            if exc.err_code != STREAM_NAME_EXISTS:  # another process created it meanwhile
+                raise
+    with _ensured_lock:
+        _ensured.add((conn.options, bucket))
+
+
+def read_marker(conn: Connection, bucket: str, key: str) -> int:
+    """The batch id stored under ``key`` (-1: none), read from the bucket's leader (read-after-write)."""
+    try:
+        entry = JetStreamApi(conn).last_message(f"KV_{bucket}", f"$KV.{bucket}.{key}")
+    except StreamNotFoundError:
+        return -1
+    if entry is None or entry.headers.get("KV-Operation") in ("DEL", "PURGE"):
+        return -1
+    try:
+        return int(entry.data)
+    except ValueError:
+        raise JetStreamError(
+            f"KV bucket {bucket!r} holds {entry.data[:40]!r} under {key!r}, not a batch id: the bucket is used "
+            "by something else; set commitBucket to another bucket."
+        ) from None
+
+
+def write_marker(conn: Connection, bucket: str, key: str, batch_id: int) -> None:
+    subject = f"$KV.{bucket}.{key}"
+    try:
+        raw = conn.run(conn.request_async(subject, str(batch_id).encode(), conn.api_timeout))
+    except ConnectError as exc:
+        raise JetStreamError(
+            f"Cannot record batch {batch_id} in KV bucket {bucket!r} (key {key}): {exc} Was the bucket deleted?"
+        ) from None
+    ack = json.loads(raw)
+    if "error" in ack:
+        raise JetStreamError(
+            f"Cannot record batch {batch_id} in KV bucket {bucket!r} (key {key}): "
+            f"{ack['error'].get('description')} (error {ack['error'].get('err_code')})."
+        )
+
+
+# -- Spark writers -------------------------------------------------------------------------------
+
+
+def _drain(batches: Iterator[pa.RecordBatch]) -> int:
+    return sum(batch.num_rows for batch in batches)
+
+
+class JetStreamBatchWriter(DataSourceArrowWriter):
+    """``df.write.format("jetstream")``: every row published, msg ids per save() (see module doc)."""
+
+    def __init__(self, config: SinkConfig, columns: Columns) -> None:
+        self.config = config
+        self.columns = columns
+        self.write_id = uuid.uuid4().hex  # made once on the driver: the same in every task and retry
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
+        from pyspark import TaskContext
+
+        partition = TaskContext.get().partitionId()
+        conn = connect(self.config.connection)
+        published, duplicates = publish_rows(conn, self.config, self.columns, iterator, f"{self.write_id}:{partition}:")
+        return WriteResult(partition, published, duplicates)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        results = [m for m in messages if isinstance(m, WriteResult)]
+        log.info(
+            "jetstream write %s: %d messages stored (%d were duplicates) by %d tasks",
+            self.write_id,
+            sum(r.published for r in results),
+            sum(r.duplicates for r in results),
+            len(results),
+        )
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        published = sum(m.published for m in messages if isinstance(m, WriteResult))
+        log.warning(
+            "jetstream write %s failed; %d messages of finished tasks stay in the stream (a stream has no rollback)",
+            self.write_id,
+            published,
+        )
+
+
+class JetStreamStreamWriter(DataSourceStreamArrowWriter):
+    """``df.writeStream.format("jetstream")``: exactly-once with msg ids and KV markers (see module doc)."""
+
+    def __init__(self, config: SinkConfig, columns: Columns) -> None:
+        self.config = config
+        self.columns = columns
+        # A partition marker says "partition p of batch N was published whole". Skipping on it is
+        # right only if a replay puts the same rows in partition p: the same assumption generated
+        # msg ids make. Rows with their own msg_id need not make it, so they get no partition skip.
+        self.partition_markers = config.deduplicate and columns.msg_id is None
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        query_id = context.getLocalProperty(QUERY_ID_PROPERTY)
+        batch = context.getLocalProperty(BATCH_ID_PROPERTY)
+        if not query_id or batch is None:
+            raise JetStreamError("The streaming writer ran outside a streaming query (no query or batch id).")
+        batch_id, partition = int(batch), context.partitionId()
+        conn = connect(self.config.connection)
+        bucket = self.config.commit_bucket
+        committed = read_marker(conn, bucket, query_id)
+        finished = read_marker(conn, bucket, f"{query_id}.{partition}") if self.partition_markers else -1
+        if committed >= batch_id or finished >= batch_id:
+            rows = _drain(iterator)
+            log.info(
+                "Skipping batch %d partition %d of query %s (%d rows): published before (committed through batch "
+                "%d, partition finished batch %d)",
+                batch_id,
+                partition,
+                query_id,
+                rows,
+                committed,
+                finished,
+            )
+            return WriteResult(partition, skipped=True, query_id=query_id, batch_id=batch_id)
+        prefix = f"{query_id}:{batch_id}:{partition}:"
+        published, duplicates = publish_rows(conn, self.config, self.columns, iterator, prefix)
+        if self.partition_markers:
+            write_marker(conn, bucket, f"{query_id}.{partition}", batch_id)
+        return WriteResult(partition, published, duplicates, query_id=query_id, batch_id=batch_id)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        results = [m for m in messages if isinstance(m, WriteResult)]
+        query_id = next((r.query_id for r in results if r.query_id), None)
+        if query_id is None:
+            return  # no task ran: nothing was published, nothing to mark
+        conn = connect(self.config.connection)
+        ensure_bucket(conn, self.config.commit_bucket, self.config.commit_bucket_replicas)
+        write_marker(conn, self.config.commit_bucket, query_id, batchId)
+        log.info(
+            "jetstream batch %d of query %s committed: %d messages stored (%d duplicates), %d partitions skipped",
+            batchId,
+            query_id,
+            sum(r.published for r in results),
+            sum(r.duplicates for r in results),
+            sum(r.skipped for r in results),
+        )
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.warning("jetstream batch %d aborted: it is published again when the query replays it", batchId)
+
+
+def batch_writer(options: Mapping[str, str], schema: StructType, overwrite: bool) -> JetStreamBatchWriter:
+    """The writer of ``df.write``; a stream cannot be overwritten, so only append mode is accepted."""
+    if overwrite:
+        raise OptionError(
+            "A JetStream stream cannot be overwritten: use .mode('append') (messages are added to the stream)."
+        )
+    config = SinkConfig.parse(options)
+    return JetStreamBatchWriter(config, check_columns(schema, config))
+
+
+def stream_writer(options: Mapping[str, str], schema: StructType) -> JetStreamStreamWriter:
+    """The writer of ``df.writeStream``; makes sure the marker bucket exists before any task runs."""
+    config = SinkConfig.parse(options)
+    columns = check_columns(schema, config)
+    ensure_bucket(connect(config.connection), config.commit_bucket, config.commit_bucket_replicas)
+    return JetStreamStreamWriter(config, columns)
