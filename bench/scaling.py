@@ -14,11 +14,15 @@ mapping and every member with data is one Spark task. Rows are counted from the 
 ``start()`` to the return of ``awaitTermination()``.
 
 It prints, per member count, the seconds, rows/s and speed-up against 1 member (best run of
-each with ``--repeat``), with the micro-batches and the part of the wall time spent in
-``addBatch`` (reading, in the Spark tasks). For reference, after ``spark.stop()`` it also drains
-the member consumers of the last runs with 1 and with the most members with the raw-protocol
-pull loop of ``bench/pull_reader.py`` (reset to seq 1 first, not timed): 2 processes as
-``local[2]`` runs 2 tasks at once, and one process.
+each with ``--repeat``), with the micro-batches, the part of the wall time spent in
+``addBatch`` (reading, in the Spark tasks), the CPU this benchmark's processes used (this
+process, the nats-server, the Spark JVM and its Python workers; 100% = one core) and the CPU
+other processes used on the machine meanwhile (in % of all cores, from ``/proc/stat``): a run
+with other CPU above a few % overlapped with something else and its rate is low.
+
+For reference, after ``spark.stop()`` it also drains the member consumers of the last runs with
+1 and with the most members with the raw-protocol pull loop of ``bench/pull_reader.py`` (reset
+to seq 1 first, not timed): in 2 processes, as ``local[2]`` runs 2 tasks at once, and in one.
 
 Run it from the repository root::
 
@@ -34,6 +38,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,6 +50,7 @@ from stream_read import (
     Row,
     SparkRun,
     create_stream,
+    descendants,
     publish,
     run_baseline_parallel,
     run_baseline_sequential,
@@ -61,6 +67,48 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 GROUP_PREFIX = "scale"
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Cpu:
+    """CPU used during a measurement: by this benchmark's processes (in cores) and by others (share of all cores)."""
+
+    own_cores: float
+    other_share: float
+
+
+def busy_ticks() -> int:
+    """Non-idle CPU ticks of the whole machine since boot."""
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:9]]
+    return sum(fields) - fields[3] - fields[4]  # without idle and iowait
+
+
+def own_ticks() -> int:
+    """CPU ticks of this process and its descendants (nats-server, JVM, Python workers), reaped children included."""
+    total = 0
+    for pid in [os.getpid(), *descendants(os.getpid())]:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+    return total
+
+
+class CpuWatch:
+    def __init__(self) -> None:
+        self.began = time.perf_counter()
+        self.busy = busy_ticks()
+        self.own = own_ticks()
+
+    def stop(self) -> Cpu:
+        wall = time.perf_counter() - self.began
+        own = own_ticks() - self.own
+        other = max(0, busy_ticks() - self.busy - own)
+        return Cpu(own / TICKS / wall, other / TICKS / wall / (os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)
@@ -68,6 +116,7 @@ class Measured:
     members: int
     group: str
     run: SparkRun
+    cpu: Cpu
 
     @property
     def rate(self) -> float:
@@ -89,30 +138,38 @@ def mapping_text(members: int, partitions: int) -> str:
 
 
 def measure(spark: SparkSession, url: str, members: int, group: str, checkpoints: str, expected: int) -> Measured:
+    watch = CpuWatch()
     run = run_spark(
         spark, url, STREAM, group, os.path.join(checkpoints, group), None, options={"members": str(members)}
     )
     if run.messages != expected:
         raise SystemExit(f"FAILED: the Spark query with {members} members read {run.messages:,} of {expected:,}")
-    return Measured(members, group, run)
+    return Measured(members, group, run, watch.stop())
 
 
 def print_spark_table(best: dict[int, Measured], runs: list[Measured]) -> None:
     base = best[min(best)].rate
-    print(f"{'members':>7} {'seconds':>8} {'rows/s':>10} {'speed-up':>8} {'batches':>7} {'addBatch':>8}  runs rows/s")
+    print(
+        f"{'members':>7} {'seconds':>8} {'rows/s':>10} {'speed-up':>8} {'batches':>7} {'addBatch':>8} "
+        f"{'own CPU':>7} {'other CPU':>9}  all runs rows/s (other CPU)"
+    )
     for members in sorted(best):
         m = best[members]
-        all_rates = ", ".join(f"{r.rate:,.0f}" for r in runs if r.members == members)
+        all_rates = ", ".join(f"{r.rate:,.0f} ({r.cpu.other_share:.0%})" for r in runs if r.members == members)
         print(
             f"{members:>7} {m.run.seconds:>8.2f} {m.rate:>10,.0f} {m.rate / base:>7.2f}x "
-            f"{m.run.batches:>7} {m.add_batch_share:>8.0%}  {all_rates}"
+            f"{m.run.batches:>7} {m.add_batch_share:>8.0%} {m.cpu.own_cores:>7.0%} {m.cpu.other_share:>9.0%}  "
+            f"{all_rates}"
         )
 
 
-def print_baseline_table(rows: list[Row]) -> None:
-    print(f"{'raw pull baseline':<44} {'messages':>11} {'seconds':>8} {'rows/s':>10}")
-    for row in rows:
-        print(f"{row.contender:<44} {row.messages:>11,} {row.seconds:>8.2f} {row.rate:>10,.0f}")
+def print_baseline_table(rows: list[tuple[Row, Cpu]]) -> None:
+    print(f"{'raw pull baseline':<44} {'messages':>11} {'seconds':>8} {'rows/s':>10} {'own CPU':>7} {'other CPU':>9}")
+    for row, cpu in rows:
+        print(
+            f"{row.contender:<44} {row.messages:>11,} {row.seconds:>8.2f} {row.rate:>10,.0f} "
+            f"{cpu.own_cores:>7.0%} {cpu.other_share:>9.0%}"
+        )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -151,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     checkpoints = tempfile.mkdtemp(prefix="scaling-")
     spark: SparkSession | None = None
     runs: list[Measured] = []
-    baseline: list[Row] = []
+    baseline: list[tuple[Row, Cpu]] = []
     try:
         with EmbeddedServer(name="bench") as server:
             address = ("127.0.0.1", server.port)
@@ -197,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                         runs.append(measured)
                         print(
                             f"  round {round_}, {members} members ({measured.group}): {measured.run.seconds:.2f} s, "
-                            f"{measured.rate:,.0f} rows/s, {measured.run.batches} batches",
+                            f"{measured.rate:,.0f} rows/s, {measured.run.batches} batches, own CPU "
+                            f"{measured.cpu.own_cores:.0%}, other CPU {measured.cpu.other_share:.0%}",
                             flush=True,
                         )
                 spark.stop()  # the baseline runs without Spark's threads around
@@ -210,14 +268,17 @@ def main(argv: list[str] | None = None) -> int:
                         consumers = [f"{group}-{m}" for m in range(members)]
                         what = f"{members} consumer{'s' if members > 1 else ''} of {group}"
                         if members > 1:
+                            watch = CpuWatch()  # includes the untimed process start and resets
                             seconds, count = run_baseline_parallel(conn, address, consumers, args.messages)
                             if count != args.messages:
                                 raise SystemExit(f"FAILED: the baseline on {what} read {count:,} of {args.messages:,}")
-                            baseline.append(Row(f"{what}, {min(PARALLEL, members)} processes", count, seconds))
+                            row = Row(f"{what}, {min(PARALLEL, members)} processes", count, seconds)
+                            baseline.append((row, watch.stop()))
+                        watch = CpuWatch()
                         seconds, count = run_baseline_sequential(conn, address, consumers)
                         if count != args.messages:
                             raise SystemExit(f"FAILED: the baseline on {what} read {count:,} of {args.messages:,}")
-                        baseline.append(Row(f"{what}, 1 process", count, seconds))
+                        baseline.append((Row(f"{what}, 1 process", count, seconds), watch.stop()))
             finally:
                 close_all()
     finally:
