@@ -42,6 +42,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,28 +93,48 @@ def busy_ticks() -> int:
     return sum(fields) - fields[3] - fields[4]  # without idle and iowait
 
 
-def own_ticks() -> int:
-    """CPU ticks of this process and its descendants (nats-server, JVM, Python workers), reaped children included."""
-    total = 0
+def own_ticks() -> dict[tuple[int, int], int]:
+    """CPU ticks (utime + stime) of this process and each live descendant (nats-server, JVM, Python
+    workers), by (pid, start time)."""
+    ticks: dict[tuple[int, int], int] = {}
     for pid in [os.getpid(), *descendants(os.getpid())]:
         try:
             with open(f"/proc/{pid}/stat") as stat:
                 fields = stat.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
-    return total
+        ticks[(pid, int(fields[19]))] = int(fields[11]) + int(fields[12])
+    return ticks
 
 
 class CpuWatch:
+    """CPU used from now to ``stop()``: by this benchmark's processes, and by the rest of the machine.
+
+    The benchmark's processes are polled every ``POLL`` seconds, so one that ends meanwhile counts
+    with its last seen CPU time: Spark's Python daemon does not wait for its workers, whose time
+    then shows up in no parent's ``cutime``."""
+
+    POLL = 0.5
+
     def __init__(self) -> None:
         self.began = time.perf_counter()
         self.busy = busy_ticks()
-        self.own = own_ticks()
+        self.first = own_ticks()
+        self.last = dict(self.first)
+        self._done = threading.Event()
+        self._poller = threading.Thread(target=self._poll, name="cpu-watch", daemon=True)
+        self._poller.start()
+
+    def _poll(self) -> None:
+        while not self._done.wait(self.POLL):
+            self.last.update(own_ticks())
 
     def stop(self) -> Cpu:
+        self._done.set()
+        self._poller.join()
+        self.last.update(own_ticks())
         wall = time.perf_counter() - self.began
-        own = own_ticks() - self.own
+        own = sum(ticks - self.first.get(key, 0) for key, ticks in self.last.items())
         other = max(0, busy_ticks() - self.busy - own)
         return Cpu(own / TICKS / wall, other / TICKS / wall / (os.cpu_count() or 1))
 
