@@ -10,15 +10,20 @@ Exactly-once for streaming writes has two parts:
 * ``Nats-Msg-Id = <queryId>:<batchId>:<partition>:<row>`` (or the row's ``msg_id``): a batch
   replayed within the target stream's duplicate window is stored once, because the server drops
   the ids it has seen.
-* Markers in a KV bucket (``commitBucket``): the driver's ``commit`` records the query's last
-  committed batch (key ``<queryId>``), and each task records the last batch it published whole
-  (key ``<queryId>.<partition>``). A replayed batch that was committed, or a replayed partition
-  that was published whole, is skipped without publishing, however long after the window.
+* A marker in a KV bucket (``commitBucket``, key ``<queryId>``): the driver's ``commit`` records
+  the query's last committed batch, which Spark calls only after every task succeeded. Tasks read
+  it first: a replayed batch that was committed (the crash came between the sink's commit and
+  Spark's commit log) is skipped whole, however long after the window.
 
-What neither covers: a partition that was interrupted half-way, and replayed after the stream's
-duplicate window, publishes its first part again. The ids also assume a replay puts the same
-rows in the same partitions and order (true for deterministic plans over replayable sources,
-not after a shuffle); otherwise give each row a ``msg_id`` derived from its content.
+What neither covers: a batch that was published in part (or whole) but not committed, and is
+replayed after the stream's duplicate window, stores what it had published again. There is no
+per-task "partition done" marker on purpose: when the JVM dies, its Python workers (PySpark's
+daemon runs them in their own process group) live on for about half a second, may take the cut
+input for a normal end, publish the part they got and would record the partition as done, so a
+replay would skip the rest (a test run with such markers lost 173 rows this way).
+The ids also assume a replay puts the same rows in the same partitions and order (true for
+deterministic plans over replayable sources, not after a shuffle); otherwise give each row a
+``msg_id`` derived from its content.
 
 Batch writes (``df.write``) use ``Nats-Msg-Id = <writeId>:<partition>:<row>`` with a random id
 per ``save()``: Spark's task retries and speculative copies are stored once, while running the
@@ -348,7 +353,7 @@ def ensure_bucket(conn: Connection, bucket: str, replicas: int) -> None:
             "num_replicas": replicas,
             "storage": "file",
             "duplicate_window": 120 * 1_000_000_000,
-            "description": "spark-jetstream: the last committed batch per streaming query and partition",
+            "description": "spark-jetstream: the last committed batch of each streaming query",
         }
         try:
             api.create_stream(config)
@@ -440,10 +445,6 @@ class JetStreamStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, config: SinkConfig, columns: Columns) -> None:
         self.config = config
         self.columns = columns
-        # A partition marker says "partition p of batch N was published whole". Skipping on it is
-        # right only if a replay puts the same rows in partition p: the same assumption generated
-        # msg ids make. Rows with their own msg_id need not make it, so they get no partition skip.
-        self.partition_markers = config.deduplicate and columns.msg_id is None
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
         from pyspark import TaskContext
@@ -457,24 +458,19 @@ class JetStreamStreamWriter(DataSourceStreamArrowWriter):
         conn = connect(self.config.connection)
         bucket = self.config.commit_bucket
         committed = read_marker(conn, bucket, query_id)
-        finished = read_marker(conn, bucket, f"{query_id}.{partition}") if self.partition_markers else -1
-        if committed >= batch_id or finished >= batch_id:
+        if committed >= batch_id:
             rows = _drain(iterator)
             log.info(
-                "Skipping batch %d partition %d of query %s (%d rows): published before (committed through batch "
-                "%d, partition finished batch %d)",
+                "Skipping batch %d partition %d of query %s (%d rows): the sink committed it before (through batch %d)",
                 batch_id,
                 partition,
                 query_id,
                 rows,
                 committed,
-                finished,
             )
             return WriteResult(partition, skipped=True, query_id=query_id, batch_id=batch_id)
         prefix = f"{query_id}:{batch_id}:{partition}:"
         published, duplicates = publish_rows(conn, self.config, self.columns, iterator, prefix)
-        if self.partition_markers:
-            write_marker(conn, bucket, f"{query_id}.{partition}", batch_id)
         return WriteResult(partition, published, duplicates, query_id=query_id, batch_id=batch_id)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
