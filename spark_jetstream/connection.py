@@ -15,7 +15,7 @@ import os
 import re
 import ssl
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
@@ -25,6 +25,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from .errors import ConnectError, JetStreamError, ServerTooOldError
 from .options import CONNECTION_OPTIONS, parse_options
+from .protocol import FastParser, RawHandler
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +36,6 @@ _ATTEMPT_TIMEOUT = 2.0
 
 MIN_SERVER_VERSION = (2, 14, 5)
 """Consumer RESET needs 2.14; non-JSON pulls could crash priority-group consumers before 2.14.5."""
-
-RawHandler = Callable[[bytes, bytes, bytes, bytes | None], None]
-"""Called on the loop thread with (subject, reply, payload, raw header block) of one message."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +135,7 @@ class _RawClient(_NatsClient):
     def __init__(self) -> None:
         super().__init__()
         self.raw_handlers: dict[int, RawHandler] = {}
+        self._ps = FastParser(self)
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         handler = self.raw_handlers.get(sid)

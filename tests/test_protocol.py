@@ -1,0 +1,105 @@
+"""The fast protocol parser dispatches exactly what nats-py's parser does, however the bytes arrive."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from nats.errors import ProtocolError
+from nats.protocol.parser import Parser
+
+from spark_jetstream.protocol import FastParser
+
+RAW_SID, PLAIN_SID = 7, 9
+
+
+def msg(subject: bytes, sid: int, reply: bytes, payload: bytes) -> bytes:
+    return b"MSG %s %d %s%d\r\n%s\r\n" % (subject, sid, reply + b" " if reply else b"", len(payload), payload)
+
+
+def hmsg(subject: bytes, sid: int, reply: bytes, headers: bytes, payload: bytes) -> bytes:
+    sizes = b"%d %d" % (len(headers), len(headers) + len(payload))
+    return b"HMSG %s %d %s%s\r\n%s%s\r\n" % (subject, sid, reply + b" " if reply else b"", sizes, headers, payload)
+
+
+PIN_HEADERS = b"NATS/1.0\r\nNats-Pin-Id: abc\r\n\r\n"
+STREAM = b"".join(
+    [
+        msg(b"p.1", RAW_SID, b"$JS.ACK.S.C.1.10.10.123.5", b"hello"),
+        hmsg(b"p.2", RAW_SID, b"$JS.ACK.S.C.1.11.11.124.4", PIN_HEADERS, b"world"),
+        b"PING\r\n",
+        msg(b"no.reply", RAW_SID, b"", b""),
+        b"+OK\r\n",
+        msg(b"plain.sub", PLAIN_SID, b"_INBOX.x", b"abc"),
+        hmsg(b"status", RAW_SID, b"", b"NATS/1.0 100\r\n\r\n", b""),
+        b'INFO {"server_id":"x","max_payload":1048576}\r\n',
+        msg(b"crlf.in.payload", RAW_SID, b"", b"\r\n\r\n"),
+        b"PONG\r\n",
+        msg(b"p.3", RAW_SID, b"$JS.ACK.S.C.1.12.12.125.3", b"end"),
+    ]
+)
+
+
+class Client:
+    """The small interface a parser talks to, recording what it was handed."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int | None, bytes, bytes, bytes, bytes | None]] = []
+        self.raw_handlers = {RAW_SID: self.raw}
+        self.infos: list[dict] = []
+
+    def raw(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        self.seen.append(("raw", None, bytes(subject), bytes(reply), data, headers))
+
+    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        kind = "raw" if sid in self.raw_handlers else "plain"
+        self.seen.append((kind, None if kind == "raw" else sid, bytes(subject), bytes(reply), data, headers))
+
+    async def _process_ping(self) -> None:
+        self.seen.append(("ping", None, b"", b"", b"", None))
+
+    async def _process_pong(self) -> None:
+        self.seen.append(("pong", None, b"", b"", b"", None))
+
+    async def _process_info(self, info: dict) -> None:
+        self.infos.append(info)
+
+    async def _process_err(self, message: str) -> None:
+        raise AssertionError(message)
+
+
+def dispatched(parser_class: type[Parser], chunks: list[bytes]) -> tuple[list, list]:
+    client = Client()
+    parser = parser_class(client)
+
+    async def feed() -> None:
+        for chunk in chunks:
+            await parser.parse(chunk)
+
+    asyncio.run(feed())
+    assert not parser.buf, "bytes left over"
+    return client.seen, client.infos
+
+
+def test_whole_stream_matches_nats_py():
+    expected = dispatched(Parser, [STREAM])
+    assert [entry[0] for entry in expected[0]] == ["raw", "raw", "ping", "raw", "plain", "raw", "raw", "pong", "raw"]
+    assert dispatched(FastParser, [STREAM]) == expected
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 13, 31, 64])
+def test_any_chunking_matches_nats_py(size):
+    chunks = [STREAM[i : i + size] for i in range(0, len(STREAM), size)]
+    assert dispatched(FastParser, chunks) == dispatched(Parser, [STREAM])
+
+
+def test_headers_and_payload_are_split_at_the_header_size():
+    seen, _ = dispatched(FastParser, [STREAM])
+    assert seen[1] == ("raw", None, b"p.2", b"$JS.ACK.S.C.1.11.11.124.4", b"world", PIN_HEADERS)
+    assert next(entry[4] for entry in seen if entry[2] == b"crlf.in.payload") == b"\r\n\r\n"
+
+
+@pytest.mark.parametrize("line", [b"MSG p.1 x 5\r\nhello\r\n", b"HMSG p.1 7 5\r\nhello\r\n", b"MSG p.1 7 -\r\n"])
+def test_malformed_message_lines_are_protocol_errors(line):
+    with pytest.raises(ProtocolError):
+        dispatched(FastParser, [line])
