@@ -5,7 +5,9 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -137,3 +139,142 @@ def test_nkey_authentication(tmp_path):
             connect(ConnectionOptions(servers=(server.url,), nkey=str(stranger), connect_timeout=3))
         assert time.monotonic() - started < 5
         assert seed.decode() not in str(caught.value)
+
+
+def _nkey(prefix: int) -> tuple[Any, str, bytes]:
+    """A fresh nkey: (key pair, public key, seed)."""
+    import os
+
+    import nkeys
+
+    seed = nkeys.encode_seed(os.urandom(32), prefix)
+    pair = nkeys.from_seed(bytearray(seed))
+    return pair, pair.public_key.decode(), seed
+
+
+def _jwt(signer: Any, subject: str, name: str, nats: dict[str, Any]) -> str:
+    """A JWT as nats-io/jwt v2 encodes it: ed25519-nkey signature, jti = base32(sha512/256) of the
+    standard claims with an empty jti. Built here so the test needs no nsc or Go tooling."""
+    import base64
+    import hashlib
+    import json
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    standard = {"iat": int(time.time()), "iss": signer.public_key.decode(), "name": name, "sub": subject}
+    digest = hashlib.new("sha512_256", json.dumps(standard, separators=(",", ":")).encode()).digest()
+    claims = {"jti": base64.b32encode(digest).decode().rstrip("="), **standard, "nats": {**nats, "version": 2}}
+    header = json.dumps({"typ": "JWT", "alg": "ed25519-nkey"}, separators=(",", ":")).encode()
+    signed = b64(header) + "." + b64(json.dumps(claims, separators=(",", ":")).encode())
+    return signed + "." + b64(signer.sign(signed.encode()))
+
+
+def _creds(path: Path, user_jwt: str, seed: bytes) -> Path:
+    """A .creds file in the layout nsc and nats-io/jwt's FormatUserConfig write."""
+    path.write_text(
+        f"-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n"
+        "************************* IMPORTANT *************************\n"
+        "NKEY Seed printed below can be used to sign and prove identity.\n"
+        "NKEYs are sensitive and should be treated as secrets.\n\n"
+        f"-----BEGIN USER NKEY SEED-----\n{seed.decode()}\n------END USER NKEY SEED------\n\n"
+        "*************************************************************\n"
+    )
+    return path
+
+
+_UNLIMITED = {"subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1, "wildcards": True, "conn": -1,
+              "leaf": -1, "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1}  # fmt: skip
+_USER = {"pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1, "type": "user"}
+
+
+@dataclass
+class OperatorMode:
+    """A server in operator (JWT) mode, a creds file of a user it trusts, and one of a user it does not."""
+
+    server: EmbeddedServer
+    creds: Path
+    stranger: Path
+    secrets: tuple[str, ...]
+
+
+@pytest.fixture(scope="module")
+def operator_mode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorMode]:
+    import nkeys
+
+    d = tmp_path_factory.mktemp("jwt")
+    operator, operator_pub, _ = _nkey(nkeys.PREFIX_BYTE_OPERATOR)
+    _, system_pub, _ = _nkey(nkeys.PREFIX_BYTE_ACCOUNT)
+    account, account_pub, _ = _nkey(nkeys.PREFIX_BYTE_ACCOUNT)
+    _, user_pub, user_seed = _nkey(nkeys.PREFIX_BYTE_USER)
+    # The stranger's account is signed by the same operator but never given to the server's resolver.
+    unknown, _, _ = _nkey(nkeys.PREFIX_BYTE_ACCOUNT)
+    _, stranger_pub, stranger_seed = _nkey(nkeys.PREFIX_BYTE_USER)
+    user_jwt = _jwt(account, user_pub, "spark", _USER)
+    stranger_jwt = _jwt(unknown, stranger_pub, "stranger", _USER)
+    config = {
+        "operator": _jwt(operator, operator_pub, "op", {"type": "operator", "system_account": system_pub}),
+        "system_account": system_pub,  # JetStream will not start in operator mode without one
+        "resolver": "MEMORY",
+        "resolver_preload": {
+            system_pub: _jwt(operator, system_pub, "SYS", {"type": "account"}),
+            account_pub: _jwt(operator, account_pub, "app", {"type": "account", "limits": _UNLIMITED}),
+        },
+    }
+    with EmbeddedServer(config, name="jwt") as server:
+        yield OperatorMode(
+            server=server,
+            creds=_creds(d / "spark.creds", user_jwt, user_seed),
+            stranger=_creds(d / "stranger.creds", stranger_jwt, stranger_seed),
+            secrets=(user_seed.decode(), user_jwt, stranger_seed.decode(), stranger_jwt),
+        )
+
+
+@pytest.mark.slow
+def test_creds_authentication_reads_through_spark(operator_mode, spark):
+    from spark_jetstream.groups import member_consumer_config, partition_filters, partitioned_stream_config
+    from spark_jetstream.publish import publish_all
+
+    url, creds = operator_mode.server.url, str(operator_mode.creds)
+    options = ConnectionOptions(servers=(url,), creds=creds)
+    api = JetStreamApi(connect(options))
+    assert api.account_info()["limits"]["max_storage"] == -1  # JetStream enabled for the JWT account
+    api.create_stream(partitioned_stream_config("Creds", "creds.*", 2))
+    for p in range(2):
+        api.create_consumer("Creds", member_consumer_config("cg", str(p), partition_filters([p])))
+    published = publish_all(api.conn, ((f"creds.k{i}", f"m{i}".encode(), None) for i in range(300)))
+    assert published.count == 300
+
+    common = {"servers": url, "creds": creds, "stream": "Creds"}
+    batch = spark.read.format("jetstream").options(**common).load()
+    assert sorted(r.seq for r in batch.select("seq").collect()) == list(range(1, 301))
+    query = (
+        spark.readStream.format("jetstream")
+        .options(**common, group="cg")
+        .load()
+        .writeStream.format("memory")
+        .queryName("creds_read")
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    streamed = spark.sql("select seq, data from creds_read").collect()
+    assert sorted((r.seq, bytes(r.data)) for r in streamed) == [(i + 1, f"m{i}".encode()) for i in range(300)]
+    floors = {api.consumer_info("Creds", f"cg-{p}")["ack_floor"]["stream_seq"] for p in range(2)}
+    assert floors == {300}  # the pull reader and the commit both ran as the creds user
+    disconnect(options)
+
+
+def test_creds_of_an_unknown_account_are_refused_fast_without_leaking(operator_mode):
+    started = time.monotonic()
+    with pytest.raises(ConnectError, match="refused the credentials \\(creds\\)") as caught:
+        connect(
+            ConnectionOptions(servers=(operator_mode.server.url,), creds=str(operator_mode.stranger), connect_timeout=5)
+        )
+    elapsed = time.monotonic() - started
+    assert elapsed < 3, f"refused creds took {elapsed:.1f}s, connectTimeout is 5s"
+    assert "Account fetch failed: account missing" in operator_mode.server.log_tail(20)  # refused for the account
+    message = str(caught.value)
+    assert "creds" in message
+    for secret in operator_mode.secrets:
+        assert secret not in message and secret not in repr(caught.value)
