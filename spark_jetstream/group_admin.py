@@ -8,6 +8,7 @@ and ``status`` commands are thin wrappers over these functions.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from .groups import (
     STATIC_BUCKET,
     GroupConfig,
     GroupLayout,
+    derived_layout,
     layout_from_config,
     member_consumer_name,
     transform_partitions,
@@ -43,8 +45,8 @@ async def _bucket(api: JetStreamApi, bucket: str, create: bool, replicas: int = 
         return await js.create_key_value(KeyValueConfig(bucket=bucket, replicas=replicas, storage=StorageType.FILE))
 
 
-def load_group(api: JetStreamApi, stream: str, group: str) -> tuple[GroupConfig, int]:
-    """The group's config and its KV revision; ``GroupConfigError`` when there is none."""
+def find_group(api: JetStreamApi, stream: str, group: str) -> tuple[GroupConfig, int] | None:
+    """The group's config and its KV revision, or None when no pcgroups config exists."""
 
     async def load() -> tuple[GroupConfig, int] | None:
         for bucket, kind in ((STATIC_BUCKET, "static"), (ELASTIC_BUCKET, "elastic")):
@@ -59,12 +61,21 @@ def load_group(api: JetStreamApi, stream: str, group: str) -> tuple[GroupConfig,
             return GroupConfig.from_json(kind, entry.value, where), entry.revision
         return None
 
-    found = api.conn.run(load())
+    return api.conn.run(load())
+
+
+def _no_group(stream: str, group: str) -> GroupConfigError:
+    return GroupConfigError(
+        f"There is no group {group!r} on stream {stream!r}: create it with "
+        f"`spark-jetstream group create --stream {stream} --group {group} ...`."
+    )
+
+
+def load_group(api: JetStreamApi, stream: str, group: str) -> tuple[GroupConfig, int]:
+    """The group's config and its KV revision; ``GroupConfigError`` when there is none."""
+    found = find_group(api, stream, group)
     if found is None:
-        raise GroupConfigError(
-            f"There is no group {group!r} on stream {stream!r}: create it with "
-            f"`spark-jetstream group create --stream {stream} --group {group} ...`."
-        )
+        raise _no_group(stream, group)
     return found
 
 
@@ -152,9 +163,18 @@ def change_members(
 
 
 def group_layout(api: JetStreamApi, stream: str, group: str) -> GroupLayout:
-    config, _ = load_group(api, stream, group)
-    read = work_stream_name(stream, group) if config.kind == "elastic" else stream
-    return layout_from_config(read, group, config)
+    """The layout of the group's pcgroups config or, without one, the layout the source derived from
+    the stream's partition transform (recognised by its member consumers ``<group>-0..M-1``)."""
+    found = find_group(api, stream, group)
+    if found is not None:
+        config = found[0]
+        read = work_stream_name(stream, group) if config.kind == "elastic" else stream
+        return layout_from_config(read, group, config)
+    names = set(api.consumer_names(stream))
+    members = next(i for i in itertools.count() if member_consumer_name(group, str(i)) not in names)
+    if not members:
+        raise _no_group(stream, group)
+    return derived_layout(api.stream_info(stream)["config"], group, members)
 
 
 def step_down(api: JetStreamApi, stream: str, group: str, member: str) -> None:

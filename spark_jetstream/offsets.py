@@ -7,7 +7,9 @@ serializes the dict as given, so the keys are always emitted in sorted order.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .errors import OptionError
@@ -49,3 +51,19 @@ class Watermark:
                 "numbers mean other messages now. Use a new checkpoint location."
             )
         return cls(stream, seq, created)
+
+
+def committed_offset(checkpoint: str | Path, source: int = 0) -> dict[str, Any] | None:
+    """The offset of ``source`` (its position among the query's sources) in the last batch Spark
+    committed to ``checkpoint``, or None before the first commit.
+
+    Reads Spark's checkpoint layout: ``commits/<id>`` marks batch ``id`` done and ``offsets/<id>``
+    holds a version line, a metadata line, then one JSON offset per source. After the query has
+    planned its next batch (or sat idle), the member consumers' ack floors equal this offset's seq.
+    """
+    root = Path(checkpoint)
+    done = [int(p.name) for p in (root / "commits").glob("*") if p.name.isdigit()]
+    if not done:
+        return None
+    lines = (root / "offsets" / str(max(done))).read_text().splitlines()
+    return json.loads(lines[2 + source])

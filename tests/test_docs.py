@@ -20,6 +20,6 @@ def test_readme_option_table_is_generated_from_the_option_definitions():
 def test_readme_starts_with_the_two_setup_commands():
     lines = README.read_text().splitlines()
     commands = lines[lines.index("```bash") + 1 : lines.index("```bash") + 3]
-    assert commands == ["pip install '.[server]' && spark-jetstream demo", "pip install '.[test]' && python -m pytest"]
+    assert commands == ["pip install '.[demo]' && spark-jetstream demo", "pip install '.[test]' && python -m pytest"]
     ci = (README.parent / ".ci" / "run").read_text()
     assert commands[1] in ci
