@@ -17,7 +17,7 @@ import asyncio
 import bisect
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .connection import Connection
 from .errors import JetStreamError
@@ -31,6 +31,8 @@ MSG_ID_HEADER = "Nats-Msg-Id"
 EXPECTED_STREAM_HEADER = "Nats-Expected-Stream"
 
 _STATUS = b"NATS/1.0 "
+_SEQ = re.compile(rb'"seq":(\d+)')
+_STREAM = re.compile(rb'"stream":"([^"]*)"')
 _DESCRIPTION = re.compile(rb'"description":"((?:[^"\\]|\\.)*)"')
 _ERR_CODE = re.compile(rb'"err_code":(\d+)')
 _HEADER_KEY = re.compile(r"^[!-9;-~]+$")  # printable ASCII without ':' and spaces, as the protocol needs
@@ -46,6 +48,9 @@ class PublishResult:
 
     count: int = 0
     duplicates: int = 0
+    first_seq: int = 0
+    last_seq: int = 0
+    streams: set[str] = field(default_factory=set)
 
 
 def header_lines(headers: Mapping[str, HeaderValue] | Iterable[tuple[str, HeaderValue]]) -> bytes:
@@ -183,9 +188,20 @@ class Publisher:
             reason = description.group(1).decode(errors="replace") if description else data.decode(errors="replace")
             self._fail(subject, f"{reason} (error {code.group(1).decode() if code else '?'})")
         else:
-            self.result.count += 1
+            result = self.result
+            result.count += 1
             if b'"duplicate"' in data:  # the server writes `"duplicate": true`
-                self.result.duplicates += 1
+                result.duplicates += 1
+            found = _SEQ.search(data)
+            if found:
+                seq = int(found.group(1))
+                if not result.first_seq or seq < result.first_seq:
+                    result.first_seq = seq
+                if seq > result.last_seq:
+                    result.last_seq = seq
+            stream = _STREAM.search(data)
+            if stream:
+                result.streams.add(stream.group(1).decode())
         if self.outstanding <= self.window // 2 or self.failures:
             self._room.set()
             if not self.outstanding or self.failures:
