@@ -1,0 +1,267 @@
+"""Speculative execution against a real two-host Spark cluster: a speculative copy of a slow member's
+task reads the member again (UNPIN, RESET) while the stalled original holds the pin with its range
+delivered and unacked; the copy's output is the one kept and it is exact.
+
+Spark never starts a speculative copy on the host of the running attempt, so ``local[*]`` and
+``local-cluster`` (one host) never speculate. Here a standalone Master and two Workers bound to
+127.0.0.2 and 127.0.0.3 give Spark two hosts on one machine; executors take their worker's host.
+The query runs in a child process (this file run as a script) because a process holds one
+SparkContext and the suite's local session may already exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_jetstream.embedded import free_port
+
+pytestmark = pytest.mark.slow
+
+HOSTS = ("127.0.0.2", "127.0.0.3")
+STALL_SECONDS = 60.0
+"""The first attempt of member 0's task stalls at its first row until Spark kills it (this is a cap): whatever
+the speculation threshold on a loaded machine, the copy finishes first, so every row of member 0 that the
+query commits was read by the copy (measured: after the original had pulled its whole range, unacked)."""
+
+
+def _children(pid: int) -> list[int]:
+    """Every descendant of ``pid`` (executors and Python daemons leave their parent's process group)."""
+    by_parent: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            by_parent.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in by_parent.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_tree(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a process started with its own session, its group and every descendant (found while it lives:
+    once it is gone they are orphans, though still in its group unless, like Python daemons, they left it)."""
+    if process.poll() is None:
+        for pid in [*_children(process.pid), process.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(10)
+
+
+class StandaloneCluster:
+    """A Spark standalone Master on 127.0.0.1 and one single-core Worker per loopback host."""
+
+    def __init__(self, workdir: Path) -> None:
+        import pyspark
+
+        self.home = os.path.dirname(pyspark.__file__)
+        self.workdir = workdir
+        self.port = free_port()
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def url(self) -> str:
+        return f"spark://127.0.0.1:{self.port}"
+
+    def _spawn(self, name: str, host: str, *args: str) -> None:
+        env = {**os.environ, "SPARK_HOME": self.home, "SPARK_LOCAL_IP": host, "SPARK_DAEMON_MEMORY": "256m"}
+        with open(self.workdir / f"{name}.log", "wb") as log:
+            command = [os.path.join(self.home, "bin", "spark-class"), *args]
+            process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.processes.append(process)
+
+    def start(self) -> StandaloneCluster:
+        self._spawn("master", "127.0.0.1", "org.apache.spark.deploy.master.Master",
+                    "--host", "127.0.0.1", "--port", str(self.port), "--webui-port", str(free_port()))  # fmt: skip
+        for index, host in enumerate(HOSTS):
+            work = self.workdir / f"worker{index}"
+            work.mkdir()
+            self._spawn(f"worker{index}", host, "org.apache.spark.deploy.worker.Worker",
+                        "--host", host, "--cores", "1", "--memory", "1g", "--webui-port", str(free_port()),
+                        "--work-dir", str(work), self.url)  # fmt: skip
+        return self
+
+    def log(self, name: str) -> str:
+        return (self.workdir / f"{name}.log").read_text(errors="replace")[-3000:]
+
+    def close(self) -> None:
+        for process in self.processes:
+            _kill_tree(process)
+
+
+@pytest.fixture
+def standalone(tmp_path: Path) -> Iterator[StandaloneCluster]:
+    (tmp_path / "cluster").mkdir()
+    cluster = StandaloneCluster(tmp_path / "cluster")
+    try:
+        yield cluster.start()
+    finally:
+        cluster.close()
+
+
+TaskKey = tuple[int, int, int]
+"""(stage id, task index, attempt number)"""
+
+
+def task_events(event_log_dir: Path) -> tuple[dict[TaskKey, dict[str, Any]], dict[TaskKey, tuple[dict[str, Any], str]]]:
+    """Task starts (task info) and ends (task info, end reason) from Spark's event log (uncompressed, not rolled)."""
+    starts: dict[TaskKey, dict[str, Any]] = {}
+    ends: dict[TaskKey, tuple[dict[str, Any], str]] = {}
+    for path in event_log_dir.iterdir():
+        for line in path.read_text().splitlines():
+            event = json.loads(line)
+            if event["Event"] in ("SparkListenerTaskStart", "SparkListenerTaskEnd"):
+                info = event["Task Info"]
+                key = (event["Stage ID"], info["Index"], info["Attempt"])
+                if event["Event"] == "SparkListenerTaskStart":
+                    starts[key] = info
+                else:
+                    ends[key] = (info, event["Task End Reason"]["Reason"])
+    return starts, ends
+
+
+def test_a_speculative_copy_of_a_slow_member_takes_over_and_the_output_is_exact(
+    standalone, nats_server, api, make_stream, tmp_path
+):
+    stream = make_stream(20_000, partitions=2)
+    out, checkpoint, events, result = (tmp_path / name for name in ("out", "cp", "events", "rows.json"))
+    events.mkdir()
+    command = [sys.executable, __file__, "--master", standalone.url, "--servers", nats_server.url,
+               "--stream", stream.name, "--group", stream.group, "--out", str(out), "--checkpoint", str(checkpoint),
+               "--events", str(events), "--result", str(result)]  # fmt: skip
+    job = subprocess.Popen(
+        command,
+        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        output, _ = job.communicate(timeout=400)
+    finally:
+        _kill_tree(job)
+    text = output.decode(errors="replace")
+    assert job.returncode == 0, text[-4000:] + standalone.log("worker0")
+
+    # Spark really ran a speculative copy on the other host, and the copy's result is the one kept.
+    starts, ends = task_events(events)
+    assert {info["Host"] for info in starts.values()} == set(HOSTS)
+    won = [key for key, (info, reason) in ends.items() if info["Speculative"] and reason == "Success"]
+    assert won, f"no speculative attempt succeeded: {sorted(starts)}"
+    for stage, index, attempt in won:
+        original, copy = starts[(stage, index, 0)], starts[(stage, index, attempt)]
+        assert not original["Speculative"] and original["Host"] != copy["Host"]
+        # The original never succeeded: it was killed (its end event may come after the event log closed).
+        assert ends.get((stage, index, 0), (original, "TaskKilled"))[1] == "TaskKilled"
+
+    # Every message exactly once in the committed output.
+    rows = json.loads(result.read_text())
+    assert len(rows) == len(stream.messages)
+    assert sorted(map(tuple, rows)) == sorted((part, seq) for seq, (_, _, _, part) in stream.messages.items())
+
+    # The ack floors equal the checkpoint.
+    offsets = [p for p in (checkpoint / "offsets").iterdir() if p.name.isdigit()]
+    last = max(offsets, key=lambda p: int(p.name))
+    assert json.loads(last.read_text().splitlines()[2])["seq"] == stream.last_seq
+    floors = {api.consumer_info(stream.name, stream.consumer(p))["ack_floor"]["stream_seq"] for p in range(2)}
+    assert floors == {stream.last_seq}
+
+
+def _job() -> None:
+    """The driver: a streaming query on the standalone cluster whose member 0 stalls in its first attempts."""
+    parser = argparse.ArgumentParser()
+    for name in ("master", "servers", "stream", "group", "out", "checkpoint", "events", "result"):
+        parser.add_argument(f"--{name}", required=True)
+    args = parser.parse_args()
+
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType
+
+    spark = (
+        SparkSession.builder.master(args.master)
+        .appName("spark-jetstream-speculation")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.executor.memory", "1g")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.speculation", "true")
+        .config("spark.speculation.interval", "100ms")
+        .config("spark.speculation.quantile", "0.5")  # one of the two tasks done is enough
+        .config("spark.speculation.multiplier", "2")
+        .config("spark.speculation.minTaskRuntime", "1s")
+        # The efficiency check compares input-record rates, which Python data sources do not report.
+        .config("spark.speculation.efficiency.enabled", "false")
+        .config("spark.eventLog.enabled", "true")
+        .config("spark.eventLog.dir", args.events)
+        .config("spark.eventLog.compress", "false")
+        .config("spark.eventLog.rolling.enabled", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
+    deadline = time.monotonic() + 180
+    while executors.size() < 3:  # the driver's block manager and one executor per host
+        if time.monotonic() > deadline:
+            raise SystemExit(f"executors never registered: {executors.keys().toString()}")
+        time.sleep(0.2)
+        executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
+    print("executors:", executors.keys().toString(), flush=True)
+    stall = STALL_SECONDS
+
+    @F.udf(LongType())
+    def stall_first_attempt_of_member_0(partition: int, seq: int) -> int:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        key = f"_stalled_{context.stageId()}_{context.partitionId()}"
+        if partition == 0 and context.attemptNumber() == 0 and key not in globals():
+            globals()[key] = True
+            time.sleep(stall)
+        return seq
+
+    rows = (
+        spark.readStream.format("jetstream")
+        .option("servers", args.servers)
+        .option("stream", args.stream)
+        .option("group", args.group)
+        .option("maxMessagesPerTrigger", 10_000)
+        .load()
+        .withColumn("seq", stall_first_attempt_of_member_0("partition", "seq"))
+    )
+    query = (
+        rows.writeStream.format("parquet")
+        .option("path", args.out)
+        .option("checkpointLocation", args.checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    written = spark.read.parquet(args.out).select("partition", "seq").collect()
+    Path(args.result).write_text(json.dumps([[r.partition, r.seq] for r in written]))
+    spark.stop()
+
+
+if __name__ == "__main__":
+    _job()
