@@ -28,6 +28,7 @@ def demo_command(args: argparse.Namespace) -> int:
 
     return demo.run(
         servers=args.servers,
+        creds=args.creds,
         messages=args.messages,
         partitions=args.partitions,
         stream=args.stream,
@@ -158,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--partitions", type=int, default=4, help="stream partitions = Spark partitions (default 4)")
     run.add_argument("--stream", default="demo_orders", help="stream name (default demo_orders)")
     run.add_argument("--servers", help="use this NATS server (URLs) instead of starting an embedded one")
+    run.add_argument("--creds", help="NATS credentials file for --servers")
     run.add_argument("--out", help="directory for the parquet output, checkpoint and plot (default: a new temp dir)")
     run.add_argument("--keep", action="store_true", help="keep the stream afterwards")
     run.set_defaults(func=demo_command)

@@ -135,6 +135,7 @@ class StatusLine:
 
 def run(
     servers: str | None = None,
+    creds: str | None = None,
     messages: int = 200_000,
     partitions: int = 4,
     stream: str = "demo_orders",
@@ -154,7 +155,8 @@ def run(
             servers = server.url
             print(f"  nats-server at {server.url} (pid {server.pid}, store {server.dir})")
         stack.callback(close_all)
-        conn = connect(ConnectionOptions.parse({"servers": servers}))
+        nats = {"servers": servers, **({"creds": creds} if creds else {})}  # options of every connection
+        conn = connect(ConnectionOptions.parse(nats))
         api = JetStreamApi(conn)
         try:
             api.stream_info(stream)
@@ -190,7 +192,7 @@ def run(
         results, checkpoint = out_dir / "revenue_by_region", out_dir / "checkpoint"
         source = (
             spark.readStream.format("jetstream")
-            .option("servers", servers)
+            .options(**nats)
             .option("stream", stream)
             .option("group", GROUP)
             .option("includeHeaders", "true")

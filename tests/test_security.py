@@ -278,3 +278,31 @@ def test_creds_of_an_unknown_account_are_refused_fast_without_leaking(operator_m
     assert "creds" in message
     for secret in operator_mode.secrets:
         assert secret not in message and secret not in repr(caught.value)
+
+
+@pytest.mark.slow
+def test_demo_runs_against_a_server_that_needs_creds(operator_mode, tmp_path):
+    """`spark-jetstream demo --servers ... --creds ...`: the driver, the executors and the publisher all use them."""
+    target = ["--servers", operator_mode.server.url, "--creds", str(operator_mode.creds)]
+    done = subprocess.run(
+        [
+            "spark-jetstream",
+            "demo",
+            *target,
+            "--messages",
+            "1500",
+            "--rate",
+            "0",
+            "--partitions",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "OK: published 1,500 orders; Spark read 1,500 rows" in done.stdout
+    for secret in operator_mode.secrets:
+        assert secret not in done.stdout + done.stderr
