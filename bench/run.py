@@ -134,9 +134,17 @@ class Peaks:
     jvm_kb: int = 0
     processes: dict[int, tuple[str, int]] = field(default_factory=dict)
     """pid -> (kind, peak KiB) for the Python processes under the JVM."""
+    started_kb: dict[int, int] = field(default_factory=dict)
+    """pid -> RSS when the measurement started, for the processes alive then (e.g. warm reused workers)."""
 
     def kind(self, kind: str) -> list[int]:
         return [kb for name, kb in self.processes.values() if name == kind]
+
+    def growth(self, kind: str) -> int | None:
+        """The largest peak above its RSS at the start among the ``kind`` processes alive at the start."""
+        started = self.started_kb
+        grown = [kb - started[pid] for pid, (name, kb) in self.processes.items() if name == kind and pid in started]
+        return max(grown) if grown else None
 
 
 @dataclass
@@ -225,6 +233,7 @@ class MemoryWatch:
         self.jvm = jvm_pid(spark) if spark is not None else None
         for pid in [os.getpid(), *([self.jvm, *descendants(self.jvm)] if self.jvm else [])]:
             reset_peak(pid)
+            self.peaks.started_kb[pid] = status_kb(pid, "VmRSS:")
         self._done = threading.Event()
         self._poller = threading.Thread(target=self._run, name="memory-watch", daemon=True)
         self._poller.start()
@@ -355,16 +364,18 @@ def mb(kb: int | float) -> str:
 
 def print_peaks(peaks: list[Peaks]) -> None:
     print(
-        f"| {'measurement':<32} | driver Python MB | Spark JVM MB | Python workers: n, max MB, sum MB "
-        "| source runner MB |"
+        f"| {'measurement':<40} | driver Python MB | Spark JVM MB | Python workers: n, max MB, sum MB "
+        "| worker growth MB | source runner MB |"
     )
-    print(f"|{'-' * 34}|---:|---:|---:|---:|")
+    print(f"|{'-' * 42}|---:|---:|---:|---:|---:|")
     for p in peaks:
         workers = p.kind("worker")
         runners = p.kind("source runner")
         work = f"{len(workers)}, {mb(max(workers))}, {mb(sum(workers))}" if workers else "-"
+        growth = p.growth("worker")
         print(
-            f"| {p.label:<32} | {mb(p.driver_kb)} | {mb(p.jvm_kb)} | {work} | {mb(max(runners)) if runners else '-'} |"
+            f"| {p.label:<40} | {mb(p.driver_kb)} | {mb(p.jvm_kb)} | {work} | "
+            f"{'-' if growth is None else f'{growth / 1024:+,.0f}'} | {mb(max(runners)) if runners else '-'} |"
         )
 
 
@@ -504,6 +515,7 @@ class LatencyRun:
     primed: int = 0
     batches: int = 0
     first_publish: float = 0.0
+    last_publish: float = 0.0
     last_sink: float = 0.0
     progress: list[dict[str, Any]] = field(default_factory=list)
 
@@ -528,7 +540,12 @@ class LatencyRun:
 
     @property
     def rows_per_s(self) -> float:
+        """Rows into the sink per second, from the first publish to the last row's arrival."""
         return rate(len(self.to_sink), self.last_sink - self.first_publish)
+
+    @property
+    def published_per_s(self) -> float:
+        return rate(len(self.to_sink), self.last_publish - self.first_publish)
 
 
 class SteadyPublisher(threading.Thread):
@@ -538,7 +555,7 @@ class SteadyPublisher(threading.Thread):
         super().__init__(name="steady-publisher", daemon=True)
         self.conn, self.prefix, self.rate, self.count, self.mark = conn, prefix, rate, count, mark
         self.sent = 0
-        self.began = 0.0
+        self.began = self.ended = 0.0
         self.error: BaseException | None = None
         self.padding = os.urandom(max(0, SIZE - STAMP.size))
 
@@ -558,6 +575,7 @@ class SteadyPublisher(threading.Thread):
                         raise RuntimeError(f"stored {stored} of {due - self.sent} messages")
                     self.sent = due
                 time.sleep(TICK)
+            self.ended = time.time()
         except BaseException as exc:  # reported by the main thread
             self.error = exc
 
@@ -591,20 +609,22 @@ def measure_latency(
                 raise SystemExit(f"FAILED: {contender}: priming rows not read ({query.exception()})")
             time.sleep(0.05)
         count = int(args.rate * args.latency_seconds)
+        last = query.lastProgress
+        first_batch = last["batchId"] + 1 if last else 0  # the measured batches' progress only
         watch = Measurement(suite, f"latency: {contender}", spark)
         publisher = SteadyPublisher(suite.conn, prefix, args.rate, count)
         publisher.start()
         publisher.join()
         if publisher.error is not None:
             raise SystemExit(f"FAILED: the latency publisher failed: {publisher.error}")
-        result.first_publish = publisher.began
+        result.first_publish, result.last_publish = publisher.began, publisher.ended
         deadline = time.monotonic() + 60
         while len(result.to_sink) < count:
             if query.exception() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"FAILED: {contender} read {len(result.to_sink):,} of {count:,} ({query.exception()})")
             time.sleep(0.05)
         cpu = watch.stop()
-        result.progress = [dict(p) for p in query.recentProgress]
+        result.progress = [dict(p) for p in query.recentProgress if p["batchId"] >= first_batch]
     finally:
         query.stop()
     if len(result.to_sink) != count:
@@ -616,17 +636,35 @@ def measure_latency(
 def print_latency(runs: list[LatencyRun]) -> None:
     print(
         f"  {'contender':<26} {'rows':>8} {'rows/s':>7} {'batches':>7} {'p50 s':>6} {'p90 s':>6} {'p99 s':>6} "
-        f"{'max s':>6} {'stored p50 ms':>13} {'mean trigger ms':>15} {'mean addBatch ms':>16}"
+        f"{'max s':>6} {'stored p50 ms':>13} {'published/s':>11}"
     )
     for r in runs:
-        active = [p for p in r.progress if (p.get("numInputRows") or 0) > 0]
-        trigger = statistics.fmean(p["durationMs"].get("triggerExecution", 0) for p in active) if active else 0
-        add = statistics.fmean(p["durationMs"].get("addBatch", 0) for p in active) if active else 0
         stored = statistics.median(r.to_store) * 1000 if r.to_store else float("nan")
         print(
             f"  {r.contender:<26} {len(r.to_sink):>8,} {r.rows_per_s:>7,.0f} {r.batches:>7} {r.percentile(0.5):>6.2f} "
             f"{r.percentile(0.9):>6.2f} {r.percentile(0.99):>6.2f} {max(r.to_sink):>6.2f} {stored:>13.1f} "
-            f"{trigger:>15,.0f} {add:>16,.0f}"
+            f"{r.published_per_s:>11,.0f}"
+        )
+
+
+LATENCY_DURATIONS = ("latestOffset", "queryPlanning", "getBatch", "addBatch", "walCommit", "commitOffsets")
+
+
+def print_latency_durations(runs: list[LatencyRun]) -> None:
+    """Where a micro-batch's time goes: mean ``durationMs`` over the batches that had rows."""
+    print("\n  mean durationMs of the batches with rows:")
+    print(f"  {'contender':<26} {'batches':>7} {'trigger':>8} " + " ".join(f"{key:>13}" for key in LATENCY_DURATIONS))
+    for r in runs:
+        active = [p for p in r.progress if (p.get("numInputRows") or 0) > 0]
+        if not active:
+            continue
+        means = {
+            key: statistics.fmean(p["durationMs"].get(key, 0) for p in active)
+            for key in ("triggerExecution", *LATENCY_DURATIONS)
+        }
+        print(
+            f"  {r.contender:<26} {len(active):>7} {means['triggerExecution']:>8,.0f} "
+            + " ".join(f"{means[key]:>13,.0f}" for key in LATENCY_DURATIONS)
         )
 
 
@@ -653,6 +691,7 @@ def scenario_latency(suite: Suite) -> None:
     finally:
         spark.stop()
     print_latency(runs)
+    print_latency_durations(runs)
     connector = runs[0]
     base = runs[1] if len(runs) > 1 else None
     for name, q, target in (("p50", 0.5, LATENCY_P50_TARGET), ("p99", 0.99, LATENCY_P99_TARGET)):
@@ -739,6 +778,7 @@ def scenario_memory(suite: Suite) -> None:
     payload = os.urandom(SIZE)
     publish(suite.conn, "memory", ((f"mem.k{i % SUBJECTS}", payload, None) for i in range(n)), n)
     worker_peaks: dict[int, int] = {}
+    growth: dict[int, int] = {}
     rows: list[tuple[str, int, float, int | None, Cpu | None]] = []
     for limit in (small, n):
         spark = start_session(suite, f"memory{limit}")  # fresh workers: no memory carried over
@@ -754,9 +794,13 @@ def scenario_memory(suite: Suite) -> None:
         rows.append((f"maxMessagesPerTrigger {limit:,}", run.messages, run.seconds, run.batches, cpu))
         workers = suite.peaks[-1].kind("worker")
         worker_peaks[limit] = max(workers) if workers else 0
+        growth[limit] = suite.peaks[-1].growth("worker") or 0
     print_rows(rows)
     for limit, kb in worker_peaks.items():
-        print(f"  batches of {limit:>9,}: Python worker peak RSS {mb(kb)} MB")
+        print(
+            f"  batches of {limit:>9,}: Python worker peak RSS {mb(kb)} MB, "
+            f"{growth[limit] / 1024:+,.0f} MB over the warm worker's RSS at the start"
+        )
     suite.summary.append(
         Summary(
             f"memory: worker peak RSS, batch {n:,} vs {small:,}",
