@@ -823,6 +823,22 @@ RUNNERS: dict[str, Callable[[Suite], None]] = {
 }
 
 
+def stop_jvm() -> None:
+    """End the Spark JVM and wait for it: it exits when its stdin pipe from this process closes,
+    which would otherwise happen only as this process exits, leaving it running a moment longer."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    if proc is None or proc.stdin is None:
+        return
+    proc.stdin.close()
+    try:
+        proc.wait(timeout=30)
+    except Exception:
+        print(f"WARNING: the Spark JVM (pid {proc.pid}) did not exit within 30 s")
+
+
 # -- main --------------------------------------------------------------------------------------
 
 
@@ -875,6 +891,8 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 close_all()
     finally:
+        if "pyspark" in sys.modules:
+            stop_jvm()
         shutil.rmtree(work, ignore_errors=True)
 
     print("\n== peak RSS per measurement (VmHWM reset at its start)")
