@@ -92,8 +92,9 @@ class Publisher:
     then ``finish`` waits for every PubAck and raises ``PublishError`` on any failure.
     """
 
-    def __init__(self, conn: Connection, window: int = 2000, timeout: float = 30.0) -> None:
+    def __init__(self, conn: Connection, window: int = 2000, timeout: float = 30.0, seqs: bool = True) -> None:
         self.conn = conn
+        self.seqs = seqs  # fill the result's seq range and streams (a cost per PubAck the sink skips)
         self.window = max(2, window)
         self.timeout = timeout
         self.prefix = conn.client.new_inbox()
@@ -192,16 +193,15 @@ class Publisher:
             result.count += 1
             if b'"duplicate"' in data:  # the server writes `"duplicate": true`
                 result.duplicates += 1
-            found = _SEQ.search(data)
-            if found:
+            if self.seqs and (found := _SEQ.search(data)):
                 seq = int(found.group(1))
                 if not result.first_seq or seq < result.first_seq:
                     result.first_seq = seq
                 if seq > result.last_seq:
                     result.last_seq = seq
-            stream = _STREAM.search(data)
-            if stream:
-                result.streams.add(stream.group(1).decode())
+                stream = _STREAM.search(data)
+                if stream:
+                    result.streams.add(stream.group(1).decode())
         if self.outstanding <= self.window // 2 or self.failures:
             self._room.set()
             if not self.outstanding or self.failures:

@@ -301,7 +301,7 @@ def publish_rows(
     id_prefix: str | None,
 ) -> tuple[int, int]:
     """Publish every row pipelined; return (messages stored, of which duplicates). Raises ``PublishError``."""
-    publisher = conn.run(Publisher(conn, config.window, config.timeout).open())
+    publisher = conn.run(Publisher(conn, config.window, config.timeout, seqs=False).open())
     commands = _Commands(config, columns, id_prefix, conn.client.max_payload)
     chunk = max(1, publisher.window // 2)
     row = 0
