@@ -83,7 +83,7 @@ def orders(count: int, totals: Totals, seed: int = 1) -> Iterator[Message]:
         yield f"orders.{customer}", json.dumps(order).encode(), headers
 
 
-class Publisher(threading.Thread):
+class PacedPublisher(threading.Thread):
     """Publishes the orders in chunks at about ``rate`` messages per second (0: as fast as it can)."""
 
     def __init__(self, conn: Connection, count: int, rate: int) -> None:
@@ -217,7 +217,7 @@ def run(
         )
         stack.callback(query.stop)
 
-        publisher = Publisher(conn, messages, rate)
+        publisher = PacedPublisher(conn, messages, rate)
         print(f"Publishing {messages:,} orders at ~{rate:,}/s while the query reads (batches <= {batch_limit:,}) ...")
         began = time.monotonic()
         publisher.start()
@@ -268,7 +268,7 @@ def _wait_for_floors(api: JetStreamApi, stream: str, checkpoint: Path) -> tuple[
 def _report(
     spark,
     results: Path,
-    publisher: Publisher,
+    publisher: PacedPublisher,
     read: int,
     batches: list[BatchProgress],
     committed: int,
