@@ -28,11 +28,9 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from .connection import Connection, ConnectionOptions, connect
-from .errors import ApiError, DataLossError, GroupConfigError, OptionError, ReaderError, StreamNotFoundError
+from .errors import ApiError, DataLossError, GroupConfigError, OptionError, ReaderError
+from .group_admin import find_group
 from .groups import (
-    ELASTIC_BUCKET,
-    STATIC_BUCKET,
-    GroupConfig,
     GroupLayout,
     derived_layout,
     layout_from_config,
@@ -166,18 +164,12 @@ def _group_layout(api: JetStreamApi, config: BatchConfig, stream_config: dict[st
     """The group's layout as the streaming source resolves it: KV config (static, then elastic), else
     the stream's partition transform."""
     assert config.group is not None
-    key = f"{config.stream}.{config.group}"
-    for bucket, kind in ((STATIC_BUCKET, "static"), (ELASTIC_BUCKET, "elastic")):
-        try:
-            entry = api.last_message(f"KV_{bucket}", f"$KV.{bucket}.{key}")
-        except StreamNotFoundError:
-            continue
-        if entry is None or entry.headers.get("KV-Operation") in ("DEL", "PURGE"):
-            continue
-        group = GroupConfig.from_json(kind, entry.data, f"group config {key} in KV bucket {bucket}")
-        stream = config.stream if kind == "static" else work_stream_name(config.stream, config.group)
-        return layout_from_config(stream, config.group, group)
-    return derived_layout(stream_config, config.group, config.members)
+    found = find_group(api, config.stream, config.group)
+    if found is None:
+        return derived_layout(stream_config, config.group, config.members)
+    group = found[0]
+    stream = config.stream if group.kind == "static" else work_stream_name(config.stream, config.group)
+    return layout_from_config(stream, config.group, group)
 
 
 def _seq_at(api: JetStreamApi, stream: str, when: datetime, last_seq: int) -> int:

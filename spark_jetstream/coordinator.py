@@ -27,9 +27,8 @@ from .errors import (
     GroupConfigError,
     StreamNotFoundError,
 )
+from .group_admin import find_group
 from .groups import (
-    ELASTIC_BUCKET,
-    STATIC_BUCKET,
     GroupConfig,
     GroupLayout,
     derived_layout,
@@ -165,27 +164,14 @@ class Coordinator:
         """The group's layout: its pcgroups config in KV (static, then elastic) if there is one,
         else derived from the stream's partition transform."""
         group, stream = self.config.group, self.source_stream
-        static = self._group_config(STATIC_BUCKET)
-        if static is not None:
-            self._check_static_stream(static)
-            return layout_from_config(stream, group, static)
-        elastic = self._group_config(ELASTIC_BUCKET)
-        if elastic is not None:
-            work = self._ensure_work_stream(elastic)
-            return layout_from_config(work, group, elastic)
-        return derived_layout(self._source_config, group, self.config.members)
-
-    def _group_config(self, bucket: str) -> GroupConfig | None:
-        key = f"{self.source_stream}.{self.config.group}"
-        try:
-            self.api.stream_info(f"KV_{bucket}")
-        except StreamNotFoundError:
-            return None
-        entry = self.api.last_message(f"KV_{bucket}", f"$KV.{bucket}.{key}")
-        if entry is None or entry.headers.get("KV-Operation") in ("DEL", "PURGE"):
-            return None
-        kind = "static" if bucket == STATIC_BUCKET else "elastic"
-        return GroupConfig.from_json(kind, entry.data, f"group config {key} in KV bucket {bucket}")
+        found = find_group(self.api, stream, group)
+        if found is None:
+            return derived_layout(self._source_config, group, self.config.members)
+        config = found[0]
+        if config.kind == "static":
+            self._check_static_stream(config)
+            return layout_from_config(stream, group, config)
+        return layout_from_config(self._ensure_work_stream(config), group, config)
 
     def _check_static_stream(self, config: GroupConfig) -> None:
         """A static group reads partition numbers from the stream's subjects: the stream must put them there."""

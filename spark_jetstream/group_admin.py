@@ -46,22 +46,20 @@ async def _bucket(api: JetStreamApi, bucket: str, create: bool, replicas: int = 
 
 
 def find_group(api: JetStreamApi, stream: str, group: str) -> tuple[GroupConfig, int] | None:
-    """The group's config and its KV revision, or None when no pcgroups config exists."""
+    """The group's pcgroups config (static bucket first, then elastic) and its KV revision, or None.
 
-    async def load() -> tuple[GroupConfig, int] | None:
-        for bucket, kind in ((STATIC_BUCKET, "static"), (ELASTIC_BUCKET, "elastic")):
-            kv = await _bucket(api, bucket, create=False)
-            if kv is None:
-                continue
-            try:
-                entry = await kv.get(_key(stream, group))
-            except NotFoundError:  # never written, or deleted
-                continue
-            where = f"group config {_key(stream, group)} in KV bucket {bucket}"
-            return GroupConfig.from_json(kind, entry.value, where), entry.revision
-        return None
-
-    return api.conn.run(load())
+    Read with STREAM.MSG.GET from the bucket's leader, so a config just written is seen.
+    """
+    key = _key(stream, group)
+    for bucket, kind in ((STATIC_BUCKET, "static"), (ELASTIC_BUCKET, "elastic")):
+        try:
+            entry = api.last_message(f"KV_{bucket}", f"$KV.{bucket}.{key}")
+        except StreamNotFoundError:  # no such bucket
+            continue
+        if entry is None or entry.headers.get("KV-Operation") in ("DEL", "PURGE"):
+            continue
+        return GroupConfig.from_json(kind, entry.data, f"group config {key} in KV bucket {bucket}"), entry.seq
+    return None
 
 
 def _no_group(stream: str, group: str) -> GroupConfigError:
