@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType
+from test_source import checkpoint_log
 
 from spark_jetstream.connection import ConnectionOptions, connect, disconnect
 from spark_jetstream.embedded import EmbeddedServer
@@ -26,11 +27,6 @@ def own_server() -> Iterator[EmbeddedServer]:
     yield server
     disconnect(ConnectionOptions(servers=(server.url,)))
     server.close()
-
-
-def _commits(checkpoint: Path) -> int:
-    folder = checkpoint / "commits"
-    return len([p for p in folder.iterdir() if p.name.isdigit()]) if folder.exists() else 0
 
 
 def test_server_restart_mid_batch_is_survived_with_exact_output(spark, own_server, tmp_path):
@@ -60,7 +56,7 @@ def test_server_restart_mid_batch_is_survived_with_exact_output(spark, own_serve
     restarted = threading.Event()
 
     def restart_after_first_commit() -> None:
-        while _commits(checkpoint) < 1:
+        while not checkpoint_log(checkpoint, "commits"):
             time.sleep(0.02)
         own_server.stop()  # mid-batch: the next batch is being read
         time.sleep(1.0)

@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +16,7 @@ import pytest
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType
+from test_source import checkpoint_log, mid_batch, run_then_kill
 
 from spark_jetstream.jsapi import NO_MESSAGE_FOUND, JetStreamApi
 from spark_jetstream.publish import publish_all
@@ -296,18 +295,6 @@ def test_a_streaming_write_error_fails_the_query_naming_the_subject(spark, nats_
 # -- streaming writes: kills, restarts, the duplicate window --------------------------------------
 
 
-def _log(checkpoint: Path, kind: str) -> dict[int, int]:
-    """Batch id -> the source's seq in ``offsets/`` (0 for ``commits/``)."""
-    folder = checkpoint / kind
-    if not folder.exists():
-        return {}
-    entries = {}
-    for path in folder.iterdir():
-        if path.name.isdigit():
-            entries[int(path.name)] = json.loads(path.read_text().splitlines()[2])["seq"] if kind == "offsets" else 0
-    return entries
-
-
 def _job(url: str, source, out: str, checkpoint: Path) -> list[str]:
     return [sys.executable, str(JOB), "--servers", url, "--stream", source.name, "--group", source.group,
             "--target", out.lower(), "--checkpoint", str(checkpoint)]  # fmt: skip
@@ -315,26 +302,15 @@ def _job(url: str, source, out: str, checkpoint: Path) -> list[str]:
 
 def _kill_mid_batch(args: list[str], api: JetStreamApi, out: str, checkpoint: Path) -> None:
     """Run the job until a batch is partly published (after at least one commit), then SIGKILL it whole."""
-    child = subprocess.Popen(
-        [*args, "--max-per-trigger", "1000", "--slow-ms", "3"],
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert child.poll() is None, child.stderr.read().decode()[-3000:]
-            offsets, commits = _log(checkpoint, "offsets"), _log(checkpoint, "commits")
-            if commits and max(offsets) > max(commits):
-                committed_rows, planned_rows = offsets[max(commits)], offsets[max(offsets)]
-                if committed_rows + 50 < api.stream_info(out)["state"]["messages"] < planned_rows:
-                    break
-            assert time.monotonic() < deadline, "the job never got mid-batch"
-            time.sleep(0.02)
-    finally:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
+
+    def partly_published() -> bool:
+        if not mid_batch(checkpoint):
+            return False
+        offsets, commits = checkpoint_log(checkpoint, "offsets"), checkpoint_log(checkpoint, "commits")
+        committed_rows, planned_rows = offsets[max(commits)], offsets[max(offsets)]
+        return committed_rows + 50 < api.stream_info(out)["state"]["messages"] < planned_rows
+
+    run_then_kill([*args, "--max-per-trigger", "1000", "--slow-ms", "3"], partly_published, 240, poll=0.02)
     # PySpark's Python workers run in their own process group and outlive the kill briefly (they may
     # still publish what they hold): wait until the target stops growing.
     count, deadline = -1, time.monotonic() + 30
@@ -364,7 +340,7 @@ def test_a_query_killed_mid_batch_and_restarted_stores_each_row_once(
     checkpoint = tmp_path / "cp"
     args = _job(nats_server.url, source, out, checkpoint)
     _kill_mid_batch(args, api, out, checkpoint)
-    assert len(_log(checkpoint, "commits")) < len(_log(checkpoint, "offsets"))
+    assert len(checkpoint_log(checkpoint, "commits")) < len(checkpoint_log(checkpoint, "offsets"))
 
     _finish(args)
     messages = stored(api, out)
@@ -383,14 +359,14 @@ def test_a_committed_batch_replayed_after_the_duplicate_window_is_skipped_whole(
     _finish(args)
     assert len(stored(api, out)) == 3000
     # Crash between the sink's commit and Spark's commit log: the last batch is replayed on restart.
-    last = max(_log(checkpoint, "commits"))
+    last = max(checkpoint_log(checkpoint, "commits"))
     (checkpoint / "commits" / str(last)).unlink()
     (checkpoint / "commits" / f".{last}.crc").unlink(missing_ok=True)
     assert read_marker(conn, BUCKET, _query_id(checkpoint)) == last
     time.sleep(1.5)  # past the duplicate window: msg ids no longer protect the replay
 
     _finish(args)
-    assert _log(checkpoint, "commits").keys() == _log(checkpoint, "offsets").keys()
+    assert checkpoint_log(checkpoint, "commits").keys() == checkpoint_log(checkpoint, "offsets").keys()
     messages = stored(api, out)
     assert len(messages) == 3000
     assert sorted(d for _, _, d, _ in messages) == _expected_data(source)
@@ -410,7 +386,7 @@ def test_after_the_duplicate_window_an_uncommitted_batch_repeats_what_it_had_pub
     args = _job(nats_server.url, source, out, checkpoint)
     _kill_mid_batch(args, api, out, checkpoint)
 
-    query, batch = _query_id(checkpoint), max(_log(checkpoint, "offsets"))
+    query, batch = _query_id(checkpoint), max(checkpoint_log(checkpoint, "offsets"))
     before = msg_ids(stored(api, out))
     committed = read_marker(conn, BUCKET, query) >= batch  # the sink committed it just before the kill
     repeated = set() if committed else {i for i in before if i.startswith(f"{query}:{batch}:")}

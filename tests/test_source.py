@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -41,13 +42,35 @@ def expected_rows(spark: SparkSession, stream) -> DataFrame:
 
 
 def checkpoint_log(checkpoint: Path, kind: str) -> dict[int, int]:
-    """Batch id -> the source's seq in ``offsets/``; for ``commits/`` the ids only (seq 0)."""
+    """Batch id -> the source's seq in ``offsets/``; for ``commits/`` the ids only (seq 0). Empty before the first."""
+    folder = checkpoint / kind
     entries = {}
-    for path in (checkpoint / kind).iterdir():
+    for path in folder.iterdir() if folder.exists() else ():
         if path.name.isdigit():
             lines = path.read_text().splitlines()
             entries[int(path.name)] = json.loads(lines[2])["seq"] if kind == "offsets" else 0
     return entries
+
+
+def mid_batch(checkpoint: Path) -> bool:
+    """A batch is planned (offset log) but not committed, after at least one commit."""
+    offsets, commits = checkpoint_log(checkpoint, "offsets"), checkpoint_log(checkpoint, "commits")
+    return bool(commits) and max(offsets) > max(commits)
+
+
+def run_then_kill(args: list[str], ready: Callable[[], bool], timeout: float, poll: float = 0.05) -> None:
+    """Run a job in its own session until ``ready()``, then SIGKILL its whole process group (a crash:
+    killing only the Python driver would let the JVM finish the batch)."""
+    child = subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert child.poll() is None, child.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "the job never got to the point to kill it at"
+            time.sleep(poll)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
 
 
 def ack_floors(api, stream) -> dict[str, int]:
@@ -113,25 +136,7 @@ def test_driver_killed_mid_batch_restarts_exactly_once(spark, nats_server, api, 
     out, checkpoint = tmp_path / "out", tmp_path / "cp"
     args = [sys.executable, str(JOB), "--servers", nats_server.url, "--stream", stream.name,
             "--group", stream.group, "--out", str(out), "--checkpoint", str(checkpoint)]  # fmt: skip
-    child = subprocess.Popen(
-        [*args, "--max-per-trigger", "1000", "--slow-ms", "2"],
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        deadline = time.monotonic() + 180
-        while True:  # wait until a batch is planned (offset log) but not committed, after at least one commit
-            assert child.poll() is None, child.stderr.read().decode()[-3000:]
-            offsets = checkpoint_log(checkpoint, "offsets") if (checkpoint / "offsets").exists() else {}
-            commits = checkpoint_log(checkpoint, "commits") if (checkpoint / "commits").exists() else {}
-            if commits and max(offsets) > max(commits):
-                break
-            assert time.monotonic() < deadline, "the job never got mid-batch"
-            time.sleep(0.05)
-    finally:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
+    run_then_kill([*args, "--max-per-trigger", "1000", "--slow-ms", "2"], lambda: mid_batch(checkpoint), 180)
     assert len(checkpoint_log(checkpoint, "commits")) < len(checkpoint_log(checkpoint, "offsets"))
 
     finish = subprocess.run([*args, "--available-now"], capture_output=True, text=True, timeout=300)
