@@ -122,11 +122,12 @@ class StatusLine:
         self.tty = sys.stdout.isatty()
         self.last = 0.0
 
+    def due(self) -> bool:
+        """Whether a line is due now (making one asks the server for the stream's state)."""
+        return time.monotonic() - self.last >= (0.25 if self.tty else 3.0)
+
     def show(self, text: str, final: bool = False) -> None:
-        now = time.monotonic()
-        if not final and now - self.last < (0.25 if self.tty else 3.0):
-            return
-        self.last = now
+        self.last = time.monotonic()
         if self.tty:
             print(f"\r\033[K{text}", end="\n" if final else "", flush=True)
         else:
@@ -229,7 +230,8 @@ def run(
                 raise JetStreamError(f"The streaming query failed: {query.exception()}")
             batches = [b for b in listener.batches if b.rows]
             read = sum(b.rows for b in batches)
-            line.show(_status(batches, read, publisher.published, api, stream, time.monotonic() - began))
+            if line.due():
+                line.show(_status(batches, read, publisher.published, api, stream, time.monotonic() - began))
             if not publisher.is_alive() and read >= publisher.published:
                 break
             if time.monotonic() - began > timeout:
