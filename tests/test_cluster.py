@@ -6,6 +6,7 @@ import random
 
 import pyarrow as pa
 import pytest
+from test_source import slow_parquet_query
 
 from spark_jetstream.connection import ConnectionOptions, connect
 from spark_jetstream.groups import member_consumer_config, partition_filters, partitioned_stream_config
@@ -61,32 +62,12 @@ def test_query_survives_the_stream_and_consumer_leaders_being_killed(spark, nats
     import threading
     import time
 
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import LongType
-
     api, conn = cluster_api, cluster_api.conn
     api.create_stream(partitioned_stream_config("KL", "kl.*", 3, num_replicas=3))
     published = publish_all(conn, ((f"kl.k{i % 101}", f"kl-{i}".encode(), None) for i in range(6000)))
 
-    @F.udf(LongType())
-    def slowly(seq: int) -> int:
-        time.sleep(0.001)
-        return seq
-
     checkpoint = tmp_path / "cp"
-    query = (
-        spark.readStream.format("jetstream")
-        .option("servers", nats_cluster.urls)
-        .option("stream", "KL")
-        .option("group", "g")
-        .option("maxMessagesPerTrigger", 800)
-        .load()
-        .withColumn("seq", slowly("seq"))
-        .writeStream.format("parquet")
-        .option("path", str(tmp_path / "out"))
-        .option("checkpointLocation", str(checkpoint))
-        .start()
-    )
+    query = slow_parquet_query(spark, nats_cluster.urls, "KL", "g", 800, 0.001, tmp_path)
     by_name = {server.name: server for server in nats_cluster.servers}
     killed: list[str] = []
 

@@ -8,9 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pyspark.sql import functions as F
-from pyspark.sql.types import LongType
-from test_source import checkpoint_log
+from test_source import checkpoint_log, slow_parquet_query
 
 from spark_jetstream.connection import ConnectionOptions, connect, disconnect
 from spark_jetstream.embedded import EmbeddedServer
@@ -34,25 +32,8 @@ def test_server_restart_mid_batch_is_survived_with_exact_output(spark, own_serve
     api.create_stream(partitioned_stream_config("R", "r.*", 4))
     published = publish_all(api.conn, ((f"r.k{i % 211}", f"r-{i}".encode(), None) for i in range(4000)))
 
-    @F.udf(LongType())
-    def slowly(seq: int) -> int:
-        time.sleep(0.002)
-        return seq
-
     checkpoint = tmp_path / "cp"
-    query = (
-        spark.readStream.format("jetstream")
-        .option("servers", own_server.url)
-        .option("stream", "R")
-        .option("group", "g")
-        .option("maxMessagesPerTrigger", 500)
-        .load()
-        .withColumn("seq", slowly("seq"))
-        .writeStream.format("parquet")
-        .option("path", str(tmp_path / "out"))
-        .option("checkpointLocation", str(checkpoint))
-        .start()
-    )
+    query = slow_parquet_query(spark, own_server.url, "R", "g", 500, 0.002, tmp_path)
     restarted = threading.Event()
 
     def restart_after_first_commit() -> None:

@@ -16,6 +16,7 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import LongType
 
 from spark_jetstream.publish import publish_all
@@ -33,6 +34,32 @@ def reader(spark: SparkSession, url: str, stream, **options: object) -> DataFram
         .option("group", stream.group)
         .options(**{k: str(v) for k, v in options.items()})
         .load()
+    )
+
+
+def slow_parquet_query(
+    spark: SparkSession, servers: str, stream: str, group: str, max_per_trigger: int, delay: float, out: Path
+) -> StreamingQuery:
+    """A query into parquet at ``out/out`` (checkpoint ``out/cp``) whose rows take ``delay`` seconds each,
+    so a fault can be injected while batches run."""
+
+    @F.udf(LongType())
+    def slowly(seq: int) -> int:
+        time.sleep(delay)
+        return seq
+
+    return (
+        spark.readStream.format("jetstream")
+        .option("servers", servers)
+        .option("stream", stream)
+        .option("group", group)
+        .option("maxMessagesPerTrigger", max_per_trigger)
+        .load()
+        .withColumn("seq", slowly("seq"))
+        .writeStream.format("parquet")
+        .option("path", str(out / "out"))
+        .option("checkpointLocation", str(out / "cp"))
+        .start()
     )
 
 
