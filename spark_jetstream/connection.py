@@ -25,7 +25,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from .errors import ConnectError, JetStreamError, ServerTooOldError
 from .options import CONNECTION_OPTIONS, parse_options
-from .protocol import FastParser, RawHandler
+from .protocol import FastParser, RawHandler, RunHandler, run_pattern
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +135,7 @@ class _RawClient(_NatsClient):
     def __init__(self) -> None:
         super().__init__()
         self.raw_handlers: dict[int, RawHandler] = {}
+        self.run_handlers: dict[int, tuple[re.Pattern[bytes], RunHandler]] = {}
         self._ps = FastParser(self)
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
@@ -202,15 +203,25 @@ class Connection:
         """How long API requests keep trying: long enough for a server restart or a leader election."""
         return max(self.options.connect_timeout, 10.0)
 
-    async def subscribe_raw(self, handler: RawHandler, subject: str | None = None) -> tuple[str, int]:
-        """Subscribe ``subject`` (default: a new inbox); its messages go to ``handler`` on the loop thread."""
+    async def subscribe_raw(
+        self, handler: RawHandler, subject: str | None = None, runs: tuple[bytes, RunHandler] | None = None
+    ) -> tuple[str, int]:
+        """Subscribe ``subject`` (default: a new inbox); its messages go to ``handler`` on the loop thread.
+
+        ``runs``: (payload pattern, handler) to take consecutive messages of that shape in one call
+        (``protocol.run_pattern``); the rest still go to ``handler``.
+        """
         subject = subject or self.client.new_inbox()
         sub = await self.client.subscribe(subject)
         self.client.raw_handlers[sub._id] = handler
+        if runs is not None:
+            payload, on_run = runs
+            self.client.run_handlers[sub._id] = (run_pattern(sub._id, payload), on_run)
         return subject, sub._id
 
     async def unsubscribe_raw(self, sid: int) -> None:
         self.client.raw_handlers.pop(sid, None)
+        self.client.run_handlers.pop(sid, None)
         sub = self.client._subs.get(sid)
         if sub is not None and not self.client.is_closed:
             await sub.unsubscribe()

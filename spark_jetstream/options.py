@@ -92,10 +92,10 @@ def parse_timestamp(text: str) -> datetime:
 
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
-SUBJECT_PATTERN = r"^[^\s.]+(\.[^\s.]+)*$"
-"""A publishable subject: dot-separated non-empty tokens without whitespace (RE2 and Python syntax) ..."""
-WILDCARD_TOKEN_PATTERN = r"(^|\.)[*>](\.|$)"
-"""... none of which is a wildcard token."""
+_TOKEN = r"(?:[^\s.*>][^\s.]*|[*>][^\s.]+)"
+SUBJECT_PATTERN = rf"^{_TOKEN}(?:\.{_TOKEN})*$"
+"""A publishable subject: dot-separated non-empty tokens without whitespace, none of them a wildcard
+(``*`` or ``>`` alone); RE2 and Python syntax."""
 
 
 def parse_name(text: str) -> str:
@@ -109,7 +109,7 @@ def parse_name(text: str) -> str:
 def parse_subject(text: str) -> str:
     """A subject to publish to: dot-separated tokens without whitespace or wildcards."""
     stripped = text.strip()
-    if not re.match(SUBJECT_PATTERN, stripped) or re.search(WILDCARD_TOKEN_PATTERN, stripped):
+    if not re.match(SUBJECT_PATTERN, stripped):
         raise ValueError("expected a subject such as orders.eu.new (no spaces, empty tokens or wildcards)")
     return stripped
 

@@ -6,10 +6,17 @@ put about half of the client's time there. This parser handles ``MSG`` and ``HMS
 ``find``/``split`` over one buffer pass and calls the raw handlers of the connector's
 subscriptions directly. Every other line (``PING``, ``PONG``, ``+OK``, ``-ERR``, ``INFO``) is rare
 and goes to nats-py's own parser, as do messages of ordinary nats-py subscriptions.
+
+A subscription may also have a *run handler*: a compiled pattern matching one or more whole
+consecutive messages of a fixed, self-delimiting shape (the writer's PubAcks), and a handler
+called once with the bytes of the longest such run. Thousands of PubAcks then cost one regex
+match instead of thousands of handler calls; anything else (an error, a status) still goes to
+the subscription's per-message handler.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from nats.errors import ProtocolError
@@ -18,13 +25,25 @@ from nats.protocol.parser import AWAITING_CONTROL_LINE, Parser
 RawHandler = Callable[[bytes, bytes, bytes, bytes | None], None]
 """(subject, reply, payload, header block or None), called on the loop thread."""
 
+RunHandler = Callable[[bytes], None]
+"""Handed the bytes of a run of whole messages its pattern matched (see module doc)."""
+
 _CRLF = b"\r\n"
+
+
+def run_pattern(sid: int, payload: bytes) -> re.Pattern[bytes]:
+    """One or more consecutive ``MSG`` of subscription ``sid`` (no reply) whose payload matches ``payload``.
+
+    ``payload`` must not match a line break, so each match ends exactly at a message's end.
+    """
+    return re.compile(rb"(?:MSG [^ \r\n]++ %d \d++\r\n(?:%b)\r\n)++" % (sid, payload))  # possessive: no backtracking
 
 
 class FastParser(Parser):
     """``Parser`` whose hot path skips regexes and per-message awaits (see module doc).
 
-    ``nc`` must have a ``raw_handlers`` dict (sid -> ``RawHandler``).
+    ``nc`` must have a ``raw_handlers`` dict (sid -> ``RawHandler``) and a ``run_handlers`` dict
+    (sid -> (``run_pattern``, ``RunHandler``)).
     """
 
     async def parse(self, data: bytes = b"") -> None:
@@ -34,6 +53,7 @@ class FastParser(Parser):
         buf = self.buf
         buf.extend(data)
         handlers: dict[int, RawHandler] = self.nc.raw_handlers
+        runs: dict[int, tuple[re.Pattern[bytes], RunHandler]] = self.nc.run_handlers
         pos, size = 0, len(buf)
         view = memoryview(buf)  # slices of a memoryview copy once, slices of a bytearray twice
         try:
@@ -62,6 +82,12 @@ class FastParser(Parser):
                         raise ValueError
                 except ValueError:
                     raise ProtocolError("nats: malformed MSG") from None
+                if runs and sid in runs:
+                    pattern, on_run = runs[sid]
+                    if matched := pattern.match(buf, pos):
+                        pos = matched.end()
+                        on_run(bytes(view[matched.start() : pos]))
+                        continue
                 start = eol + 2
                 end = start + total
                 if end + 2 > size:

@@ -2,8 +2,10 @@
 
 Publishing one message and awaiting its PubAck caps out near 18k msg/s; core publishes without
 acks can be dropped by a busy server. A ``Publisher`` keeps up to ``window`` messages ahead of
-their PubAcks, with one wildcard reply subscription whose raw handler counts PubAcks, and fails
-on the first error with the subject and the server's reason.
+their PubAcks, with one wildcard reply subscription, and fails on the first error with the
+subject and the server's reason. Successful PubAcks are counted a whole run at a time (the
+protocol parser hands over every consecutive ``{"stream":..,"seq":..}`` reply it has in one
+call); only an error or a status goes through the per-message handler.
 
 Messages go out as ready-made ``PUB``/``HPUB`` protocol commands, many per socket write: the
 Spark writer builds them for a whole Arrow record batch at once (vectorized), ``publish_all``
@@ -31,6 +33,8 @@ MSG_ID_HEADER = "Nats-Msg-Id"
 EXPECTED_STREAM_HEADER = "Nats-Expected-Stream"
 
 _STATUS = b"NATS/1.0 "
+_STORED = rb'\{"stream":"[^"\\\r\n]*+"(?:,"[a-z_]++": ?+(?:"[^"\\\r\n]*+"|\d++|true))*+\}'
+"""A PubAck that says stored (``{"stream":"S","seq":1}``, maybe a domain or ``"duplicate": true``)."""
 _SEQ = re.compile(rb'"seq":(\d+)')
 _STREAM = re.compile(rb'"stream":"([^"]*)"')
 _DESCRIPTION = re.compile(rb'"description":"((?:[^"\\]|\\.)*)"')
@@ -110,7 +114,7 @@ class Publisher:
         self._sid: int | None = None
 
     async def open(self) -> Publisher:
-        _, self._sid = await self.conn.subscribe_raw(self._on_ack, f"{self.prefix}.*")
+        _, self._sid = await self.conn.subscribe_raw(self._on_ack, f"{self.prefix}.*", (_STORED, self._on_stored))
         return self
 
     async def close(self) -> None:
@@ -178,9 +182,21 @@ class Publisher:
             "publishTimeout if the server is just slow."
         )
 
+    def _on_stored(self, run: bytes) -> None:
+        """Run handler of the PubAck subscription: consecutive PubAcks that all say stored."""
+        result = self.result
+        count = run.count(b"\r\n{")  # one per message: the payload follows its MSG line
+        result.count += count
+        result.duplicates += run.count(b'"duplicate"')
+        if self.seqs:
+            seqs = [int(seq) for seq in _SEQ.findall(run)]
+            result.first_seq = min(result.first_seq or min(seqs), min(seqs))
+            result.last_seq = max(result.last_seq, max(seqs))
+            result.streams.update(stream.decode() for stream in _STREAM.findall(run))
+        self._acked(count)
+
     def _on_ack(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
-        """Raw handler of the PubAck subscription (loop thread, once per message: keep it lean)."""
-        self.outstanding -= 1
+        """Raw handler of the PubAck subscription for what ``_on_stored`` did not take."""
         if headers is not None and headers.startswith(_STATUS):
             self._fail(subject, headers[len(_STATUS) :].split(b"\r\n", 1)[0].decode(errors="replace"))
         elif b'"error"' in data:
@@ -188,20 +204,20 @@ class Publisher:
             code = _ERR_CODE.search(data)
             reason = description.group(1).decode(errors="replace") if description else data.decode(errors="replace")
             self._fail(subject, f"{reason} (error {code.group(1).decode() if code else '?'})")
-        else:
-            result = self.result
-            result.count += 1
-            if b'"duplicate"' in data:  # the server writes `"duplicate": true`
-                result.duplicates += 1
+        else:  # stored, in a shape the run pattern does not know
+            self.result.count += 1
+            if b'"duplicate"' in data:
+                self.result.duplicates += 1
             if self.seqs and (found := _SEQ.search(data)):
                 seq = int(found.group(1))
-                if not result.first_seq or seq < result.first_seq:
-                    result.first_seq = seq
-                if seq > result.last_seq:
-                    result.last_seq = seq
-                stream = _STREAM.search(data)
-                if stream:
-                    result.streams.add(stream.group(1).decode())
+                self.result.first_seq = min(self.result.first_seq or seq, seq)
+                self.result.last_seq = max(self.result.last_seq, seq)
+                if stream := _STREAM.search(data):
+                    self.result.streams.add(stream.group(1).decode())
+        self._acked(1)
+
+    def _acked(self, count: int) -> None:
+        self.outstanding -= count
         if self.outstanding <= self.window // 2 or self.failures:
             self._room.set()
             if not self.outstanding or self.failures:

@@ -50,7 +50,7 @@ from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StringTy
 from .connection import Connection, ConnectionOptions, connect
 from .errors import ApiError, ConnectError, JetStreamError, OptionError, SchemaError, StreamNotFoundError
 from .jsapi import JetStreamApi
-from .options import SPARK_WRITE_OPTIONS, SUBJECT_PATTERN, WILDCARD_TOKEN_PATTERN, WRITER_OPTIONS, parse_options
+from .options import SPARK_WRITE_OPTIONS, SUBJECT_PATTERN, WRITER_OPTIONS, parse_options
 from .publish import EXPECTED_STREAM_HEADER, MSG_ID_HEADER, Publisher, PublishError, header_lines
 
 log = logging.getLogger(__name__)
@@ -180,47 +180,80 @@ class WriteResult(WriterCommitMessage):
 # -- the task side -------------------------------------------------------------------------------
 
 
+Part = bytes | pa.Array
+"""A piece of every row's command: the same bytes for all rows, or one value per row."""
+
+
+def _join(parts: list[Part]) -> pa.Array:
+    """Concatenate the parts row by row in one kernel call (adjacent constant bytes merged first)."""
+    merged: list[Part] = []
+    for part in parts:
+        if isinstance(part, bytes) and merged and isinstance(merged[-1], bytes):
+            merged[-1] += part
+        else:
+            merged.append(part)
+    return pc.binary_join_element_wise(*(_bin(p) if isinstance(p, bytes) else p for p in merged), _EMPTY)
+
+
+def _length(parts: list[Part]) -> pa.Array:
+    """The byte length of every row's concatenation of ``parts``."""
+    arrays = [pc.binary_length(p) for p in parts if not isinstance(p, bytes)]
+    constant = sum(len(p) for p in parts if isinstance(p, bytes))
+    total = arrays[0] if len(arrays) == 1 else pc.add(arrays[0], arrays[1]) if arrays else None
+    for array in arrays[2:]:
+        total = pc.add(total, array)
+    assert total is not None, "a command has at least one per-row part"
+    return pc.add(total, constant)
+
+
 class _Commands:
-    """Builds PUB/HPUB commands for a slice of rows with Arrow kernels (no per-row Python)."""
+    """Builds PUB/HPUB commands for a slice of rows with Arrow kernels (no per-row Python).
+
+    Every command is a flat list of parts joined by one kernel call; the row number within the
+    task serves as both the reply token and the generated msg id's last field.
+    """
 
     def __init__(self, config: SinkConfig, columns: Columns, id_prefix: str | None, max_payload: int) -> None:
         self.config = config
         self.columns = columns
-        self.id_prefix = _bin(id_prefix.encode()) if id_prefix is not None else None
+        self.id_prefix = id_prefix.encode() if id_prefix is not None else None
         self.max_payload = max_payload
-        self.default_subject = _bin(config.subject.encode()) if config.subject else None
         expected = config.expected_stream
-        self.expected_line = _bin(f"{EXPECTED_STREAM_HEADER}: {expected}\r\n".encode()) if expected else None
+        self.expected_line = f"{EXPECTED_STREAM_HEADER}: {expected}\r\n".encode() if expected else None
+        self._counting = pa.array([], pa.int64())
 
-    def subjects(self, rows: pa.RecordBatch, first_row: int) -> pa.Array:
+    def numbers(self, first: int, count: int) -> pa.Array:
+        """``first .. first + count - 1`` as text (an arange is built once, not per slice)."""
+        if len(self._counting) < count:
+            self._counting = pa.array(range(count), pa.int64())
+        return _text(pc.add(self._counting.slice(0, count), first))
+
+    def subjects(self, rows: pa.RecordBatch, first: int) -> Part:
         if self.columns.subject is None:
-            assert self.default_subject is not None
-            return pa.repeat(self.default_subject, rows.num_rows)
+            assert self.config.subject is not None
+            return self.config.subject.encode()
         subjects = rows.column(self.columns.subject).cast(pa.large_string())
         if subjects.null_count:
-            if self.default_subject is None:
-                row = first_row + subjects.is_null().to_pylist().index(True)
+            if self.config.subject is None:
+                row = first + subjects.is_null().to_pylist().index(True)
                 raise PublishError(
                     f"Row {row} of this task's partition has a null subject and the subject option is not set: "
                     "fill the subject column or set .option('subject', ...)."
                 )
             subjects = subjects.fill_null(self.config.subject)
-        valid = pc.and_(
-            pc.match_substring_regex(subjects, SUBJECT_PATTERN),
-            pc.invert(pc.match_substring_regex(subjects, WILDCARD_TOKEN_PATTERN)),
-        )
+        distinct = pc.unique(subjects)  # usually far fewer than the rows: check each subject once
+        valid = pc.match_substring_regex(distinct, SUBJECT_PATTERN)
         if not pc.all(valid).as_py():
-            bad = subjects[valid.to_pylist().index(False)].as_py()
+            bad = distinct[valid.to_pylist().index(False)].as_py()
             raise PublishError(
                 f"Cannot publish to subject {bad!r}: a subject is dot-separated tokens without spaces, empty "
                 "tokens or wildcards. Fix the subject column."
             )
         return subjects.cast(pa.large_binary())
 
-    def header_blocks(self, rows: pa.RecordBatch, first_row: int) -> pa.Array | None:
-        """One header block per row, or None when no row needs headers (plain PUB then)."""
-        n = rows.num_rows
-        parts: list[pa.Array | pa.Scalar] = []
+    def header_parts(self, rows: pa.RecordBatch, numbers: pa.Array) -> list[Part] | None:
+        """The parts of each row's header block, or None when no row needs headers (plain PUB then)."""
+        parts: list[Part] = []
         has_id_header: list[bool] | None = None
         if self.columns.headers is not None:
             lines, has_id_header = [], []
@@ -228,58 +261,48 @@ class _Commands:
                 lines.append(header_lines(entry) if entry else b"")
                 has_id_header.append(bool(entry) and any(key == MSG_ID_HEADER for key, _ in entry))
             parts.append(pa.array(lines, pa.large_binary()))
-        ids = self.msg_ids(rows, first_row)
-        if ids is not None:
-            line = pc.binary_join_element_wise(_bin(f"{MSG_ID_HEADER}: ".encode()), ids, _CRLF, _EMPTY)
-            if has_id_header is not None and any(has_id_header):  # the row's own Nats-Msg-Id header wins
-                line = pc.if_else(pa.array(has_id_header), _EMPTY, line)
-            parts.append(line.fill_null(_EMPTY))
-        if self.expected_line is not None:
-            parts.append(self.expected_line)
-        if not parts:
-            return None
-        blocks = pc.binary_join_element_wise(_bin(b"NATS/1.0\r\n"), *parts, _CRLF, _EMPTY)
-        return blocks if isinstance(blocks, pa.Array) else pa.repeat(blocks, n)
-
-    def msg_ids(self, rows: pa.RecordBatch, first_row: int) -> pa.Array | None:
         given = None
         if self.columns.msg_id is not None:
             given = rows.column(self.columns.msg_id).cast(pa.large_binary())
             if pc.any(pc.match_substring_regex(given.cast(pa.large_string()), r"[\r\n]")).as_py():
                 raise PublishError("A msg_id contains a line break, which NATS headers cannot carry: remove it.")
-        if not self.config.deduplicate or self.id_prefix is None:
-            return given
-        indexes = pa.array(range(first_row, first_row + rows.num_rows), pa.int64()).cast(pa.large_string())
-        generated = pc.binary_join_element_wise(self.id_prefix, indexes.cast(pa.large_binary()), _EMPTY)
-        return generated if given is None else pc.coalesce(given, generated)
+        generated = self.config.deduplicate and self.id_prefix is not None
+        if given is None and generated:
+            parts += [f"{MSG_ID_HEADER}: ".encode() + self.id_prefix, numbers, b"\r\n"]
+        elif given is not None:
+            ids = pc.coalesce(given, _join([self.id_prefix, numbers])) if generated else given
+            line = _join([f"{MSG_ID_HEADER}: ".encode(), ids, b"\r\n"])
+            if has_id_header is not None and any(has_id_header):  # the row's own Nats-Msg-Id header wins
+                line = pc.if_else(pa.array(has_id_header), _EMPTY, line)
+            parts.append(line.fill_null(_EMPTY))
+        if self.expected_line is not None:
+            parts.append(self.expected_line)
+        return [b"NATS/1.0\r\n", *parts, b"\r\n"] if parts else None
 
-    def build(self, rows: pa.RecordBatch, first_row: int, reply_prefix: bytes, first_token: int) -> pa.Array:
-        """The commands of ``rows`` as one large_binary array; reply tokens count up from ``first_token``."""
-        n = rows.num_rows
-        subjects = self.subjects(rows, first_row)
+    def build(self, rows: pa.RecordBatch, first: int, reply_prefix: bytes) -> pa.Array:
+        """The commands of ``rows`` (the task's rows ``first``.., reply tokens the same) as one array."""
+        numbers = self.numbers(first, rows.num_rows)
+        subjects = self.subjects(rows, first)
         data = rows.column(self.columns.data).cast(pa.large_binary()).fill_null(_EMPTY)
-        tokens = pa.array(range(first_token, first_token + n), pa.int64()).cast(pa.large_string())
-        reply = pc.binary_join_element_wise(_bin(reply_prefix), tokens.cast(pa.large_binary()), _EMPTY)
-        blocks = self.header_blocks(rows, first_row)
-        data_size = pc.binary_length(data)
-        if blocks is None:
-            total = data_size
-            head = [_bin(b"PUB "), subjects, _bin(b" "), reply, _bin(b" ")]
-            body = [_CRLF, data, _CRLF]
+        header = self.header_parts(rows, numbers)
+        if header is None:
+            total = pc.binary_length(data)
+            parts = [b"PUB ", subjects, b" ", reply_prefix, numbers, b" ", _text(total), b"\r\n", data, b"\r\n"]
         else:
-            header_size = pc.binary_length(blocks)
-            total = pc.add(header_size, data_size)
-            head = [_bin(b"HPUB "), subjects, _bin(b" "), reply, _bin(b" "), _text(header_size), _bin(b" ")]
-            body = [_CRLF, blocks, data, _CRLF]
+            header_size = _length(header)
+            total = pc.add(header_size, pc.binary_length(data))
+            parts = [b"HPUB ", subjects, b" ", reply_prefix, numbers, b" ", _text(header_size), b" ", _text(total)]
+            parts += [b"\r\n", *header, data, b"\r\n"]
         too_big = pc.greater(total, self.max_payload)
         if pc.any(too_big).as_py():
             index = too_big.to_pylist().index(True)
+            subject = subjects if isinstance(subjects, bytes) else subjects[index].as_py()
             raise PublishError(
-                f"Row {first_row + index} for subject {subjects[index].as_py().decode()!r} has "
-                f"{total[index].as_py():,} bytes with headers, more than the server's max_payload "
-                f"({self.max_payload:,}): split the payload or raise max_payload."
+                f"Row {first + index} for subject {subject.decode()!r} has {total[index].as_py():,} bytes with "
+                f"headers, more than the server's max_payload ({self.max_payload:,}): split the payload or raise "
+                "max_payload."
             )
-        return pc.binary_join_element_wise(*head, _text(total), *body, _EMPTY)
+        return _join(parts)
 
 
 def _text(numbers: pa.Array) -> pa.Array:
@@ -304,15 +327,14 @@ def publish_rows(
     publisher = conn.run(Publisher(conn, config.window, config.timeout, seqs=False).open())
     commands = _Commands(config, columns, id_prefix, conn.client.max_payload)
     chunk = max(1, publisher.window // 2)
-    row = 0
     try:
         for batch in batches:
             for start in range(0, batch.num_rows, chunk):
                 rows = batch.slice(start, chunk)
-                first_token = publisher.reserve(rows.num_rows, _subject_lookup(rows, columns, config))
-                built = commands.build(rows, row, publisher.reply_prefix, first_token)
+                # This publisher's tokens count from 0, so they number the task's rows too.
+                first = publisher.reserve(rows.num_rows, _subject_lookup(rows, columns, config))
+                built = commands.build(rows, first, publisher.reply_prefix)
                 conn.run(publisher.send(_value_range(built), rows.num_rows))
-                row += rows.num_rows
         result = conn.run(publisher.finish())
     finally:
         conn.run(publisher.close(), timeout=10)

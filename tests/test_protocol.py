@@ -8,9 +8,10 @@ import pytest
 from nats.errors import ProtocolError
 from nats.protocol.parser import Parser
 
-from spark_jetstream.protocol import FastParser
+from spark_jetstream.protocol import FastParser, run_pattern
+from spark_jetstream.publish import _STORED
 
-RAW_SID, PLAIN_SID = 7, 9
+RAW_SID, PLAIN_SID, ACK_SID = 7, 9, 11
 
 
 def msg(subject: bytes, sid: int, reply: bytes, payload: bytes) -> bytes:
@@ -40,13 +41,46 @@ STREAM = b"".join(
 )
 
 
+
+def ack(token: int, payload: bytes) -> bytes:
+    return msg(b"_INBOX.pub.%d" % token, ACK_SID, b"", payload)
+
+
+PUBACKS = b"".join(
+    [
+        *(ack(i, b'{"stream":"S","seq":%d}' % i) for i in range(1, 6)),
+        ack(6, b'{"stream":"S","seq":5,"duplicate": true}'),
+        ack(7, b'{"stream":"S","domain":"hub","seq":6}'),
+        msg(b"p.1", RAW_SID, b"$JS.ACK.S.C.1.10.10.123.5", b"hello"),
+        ack(8, b'{"error":{"code":400,"err_code":10060,"description":"expected stream does not match"},"seq":0}'),
+        hmsg(b"_INBOX.pub.9", ACK_SID, b"", b"NATS/1.0 503\r\n\r\n", b""),
+        ack(10, b'{"stream":"S","seq":7}'),
+        ack(11, b'{"stream":"S","seq":8}'),
+        b"PING\r\n",  # nats-py's parser takes the rest of the buffer from here
+        msg(b"_INBOX.pub.12", ACK_SID, b"_INBOX.reply", b'{"stream":"S","seq":9}'),  # a reply: not a PubAck
+    ]
+)
+
+
 class Client:
-    """The small interface a parser talks to, recording what it was handed."""
+    """The small interface a parser talks to, recording what it was handed.
+
+    Runs are recorded as the messages they hold, so a run handler's view compares with nats-py's.
+    """
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, int | None, bytes, bytes, bytes, bytes | None]] = []
-        self.raw_handlers = {RAW_SID: self.raw}
+        self.raw_handlers = {RAW_SID: self.raw, ACK_SID: self.raw}
+        self.run_handlers = {ACK_SID: (run_pattern(ACK_SID, _STORED), self.run)}
+        self.runs: list[int] = []
         self.infos: list[dict] = []
+
+    def run(self, run: bytes) -> None:
+        lines = run.split(b"\r\n")
+        assert lines.pop() == b"", "a run ends at a message's end"
+        for line, payload in zip(lines[::2], lines[1::2], strict=True):
+            self.seen.append(("raw", None, line.split()[1], b"", payload, None))
+        self.runs.append(len(lines) // 2)
 
     def raw(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         self.seen.append(("raw", None, bytes(subject), bytes(reply), data, headers))
@@ -68,8 +102,8 @@ class Client:
         raise AssertionError(message)
 
 
-def dispatched(parser_class: type[Parser], chunks: list[bytes]) -> tuple[list, list]:
-    client = Client()
+def dispatched(parser_class: type[Parser], chunks: list[bytes], client: Client | None = None) -> tuple[list, list]:
+    client = client or Client()
     parser = parser_class(client)
 
     async def feed() -> None:
@@ -103,3 +137,20 @@ def test_headers_and_payload_are_split_at_the_header_size():
 def test_malformed_message_lines_are_protocol_errors(line):
     with pytest.raises(ProtocolError):
         dispatched(FastParser, [line])
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 13, 31, 64, len(PUBACKS)])
+def test_pubacks_in_runs_match_nats_py_under_any_chunking(size):
+    client = Client()
+    chunks = [PUBACKS[i : i + size] for i in range(0, len(PUBACKS), size)]
+    assert dispatched(FastParser, chunks, client) == dispatched(Parser, [PUBACKS])
+    assert sum(client.runs) <= 9  # never the error, the status or the message with a reply
+    if size == len(PUBACKS):
+        assert client.runs == [7, 2]  # stored PubAcks in one call per run
+
+
+def test_a_run_is_not_taken_for_another_subscription():
+    other = PUBACKS.replace(b" %d " % ACK_SID, b" %d " % RAW_SID)
+    client = Client()
+    assert dispatched(FastParser, [other], client) == dispatched(Parser, [other])
+    assert client.runs == []
