@@ -41,7 +41,6 @@ STREAM = b"".join(
 )
 
 
-
 def ack(token: int, payload: bytes) -> bytes:
     return msg(b"_INBOX.pub.%d" % token, ACK_SID, b"", payload)
 
