@@ -67,7 +67,7 @@ from stream_read import (
 from write import STREAM as WRITE_STREAM
 from write import SUBJECTS as WRITE_SUBJECTS
 from write import Run as WriteRun
-from write import raw_publish, timed
+from write import raw_publish, timed, warmup_rows, writer_ids
 
 from spark_jetstream.connection import Connection, ConnectionOptions, close_all, connect
 from spark_jetstream.demo import QUIET_LOG4J
@@ -735,11 +735,12 @@ def scenario_write(suite: Suite) -> None:
 
             return work
 
-        timed(suite.conn, api, storage, "warm-up", 20_000, spark_write(20_000))
+        warm = warmup_rows(n)
+        timed(suite.conn, api, storage, "warm-up", warm, spark_write(warm))
         payload = os.urandom(SIZE)
         contenders: list[tuple[str, Callable[[], object]]] = [
             ("raw", lambda: raw_publish(address, n, SIZE, WRITE_WINDOW, None)),
-            ("raw+ids", lambda: raw_publish(address, n, SIZE, WRITE_WINDOW, "raw")),
+            ("raw+ids", lambda: raw_publish(address, n, SIZE, WRITE_WINDOW, writer_ids())),
             (
                 "publish_all",
                 lambda: publish_all(

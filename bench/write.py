@@ -7,12 +7,14 @@ SparkSession, then stores ``--messages`` messages of ``--size`` bytes on 1,024 s
 * ``raw``: a minimal raw-protocol publisher on a blocking socket (no nats-py): ``PUB`` commands
   written in chunks, up to ``--window`` messages ahead of their PubAcks, every PubAck read and
   checked. ``raw+ids`` does the same with a ``Nats-Msg-Id`` header per message (what exactly-once
-  costs the server: it keeps every id of the duplicate window).
+  costs the server: it keeps every id of the duplicate window), shaped like the Spark writer's
+  (``<32 hex digits>:<partition>:<row>``, see ``writer_ids``) so both store the same bytes.
 * ``publish_all``: ``spark_jetstream.publish.publish_all`` (nats-py connection, one process).
 * ``spark``: ``spark.range(n)`` with a ``--size``-byte string ``data`` column written by
   ``df.write.format("jetstream")`` (2 tasks), msg ids on (the default); ``spark-noids`` with
-  ``deduplicate=false``. Timed from ``save()`` to its return; a small untimed write first warms
-  up the JVM and the Python workers.
+  ``deduplicate=false``. Timed from ``save()`` to its return; an untimed write of a fifth of
+  ``--messages`` first warms up the Python workers and the JVM's JIT (a 20,000-row warm-up left
+  the first measured write up to 40% slower than the next, hot-spot compilation included).
 
 Every contender must leave exactly ``--messages`` messages in the stream. It prints msgs/s per
 contender and the ratios of the Spark writer to the raw publisher doing the same server work
@@ -32,6 +34,7 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -64,8 +67,20 @@ def fresh_stream(api: JetStreamApi, storage: str) -> None:
     api.create_stream({"name": STREAM, "subjects": ["bench.>"], "storage": storage})
 
 
+def warmup_rows(messages: int) -> int:
+    """Rows of the untimed warm-up write (see the module doc)."""
+    return max(20_000, messages // 5)
+
+
+def writer_ids() -> str:
+    """A msg id prefix as long as the Spark writer's for a batch write (``<save id>:<partition>:``)."""
+    return f"{uuid.uuid4().hex}:0:"
+
+
 def raw_publish(address: tuple[str, int], count: int, size: int, window: int, ids: str | None) -> int:
-    """Publish ``count`` messages pipelined on a raw socket; return the PubAcks that said stored."""
+    """Publish ``count`` messages pipelined on a raw socket (msg ids ``<ids><i>`` unless ``ids`` is None).
+
+    Returns the PubAcks that said stored."""
     raw = RawSocket(address)
     try:
         raw.handshake()
@@ -84,7 +99,7 @@ def raw_publish(address: tuple[str, int], count: int, size: int, window: int, id
                     if ids is None:
                         commands.append(b"PUB %s %s %d\r\n%s\r\n" % (subjects[i % SUBJECTS], reply, size, payload))
                     else:
-                        header = b"NATS/1.0\r\nNats-Msg-Id: %s:%d\r\n\r\n" % (ids.encode(), i)
+                        header = b"NATS/1.0\r\nNats-Msg-Id: %s%d\r\n\r\n" % (ids.encode(), i)
                         total = len(header) + size
                         commands.append(
                             b"HPUB %s %s %d %d\r\n%s%s\r\n"
@@ -187,14 +202,15 @@ def main(argv: list[str] | None = None) -> int:
 
             return work
 
-        print(f"warm-up: {timed(conn, api, args.storage, 'warm-up', 20_000, spark_write(20_000)).seconds:.2f}s")
+        warm = warmup_rows(args.messages)
+        print(f"warm-up: {timed(conn, api, args.storage, 'warm-up', warm, spark_write(warm)).seconds:.2f}s")
         n, size, window = args.messages, args.size, args.window
         payload = os.urandom(size)
         runs: list[Run] = []
-        for rep in range(args.repeat):
+        for _ in range(args.repeat):
             contenders: list[tuple[str, Callable[[], None]]] = [
                 ("raw", lambda: raw_publish(address, n, size, window, None)),
-                ("raw+ids", lambda rep=rep: raw_publish(address, n, size, window, f"raw{rep}")),
+                ("raw+ids", lambda: raw_publish(address, n, size, window, writer_ids())),
                 (
                     "publish_all",
                     lambda: publish_all(conn, ((f"bench.k{i % SUBJECTS}", payload, None) for i in range(n)), window),
