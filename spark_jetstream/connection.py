@@ -15,7 +15,7 @@ import os
 import re
 import ssl
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
@@ -25,7 +25,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from .errors import ConnectError, JetStreamError, ServerTooOldError
 from .options import CONNECTION_OPTIONS, parse_options
-from .protocol import FastParser, RawHandler, RunHandler, run_pattern
+from .protocol import BulkHandler, FastParser, RawHandler, wire
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +135,16 @@ class _RawClient(_NatsClient):
     def __init__(self) -> None:
         super().__init__()
         self.raw_handlers: dict[int, RawHandler] = {}
-        self.run_handlers: dict[int, tuple[re.Pattern[bytes], RunHandler]] = {}
+        self.bulk_handlers: dict[int, BulkHandler] = {}
         self._ps = FastParser(self)
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        bulk = self.bulk_handlers.get(sid)
+        if bulk is not None:  # nats-py's parser had this one (rare): give the bulk handler its chance
+            message = bytearray(wire(sid, subject, reply, data, headers))
+            with memoryview(message) as view:
+                if bulk(message, view, 0):
+                    return
         handler = self.raw_handlers.get(sid)
         if handler is None:
             await super()._process_msg(sid, subject, reply, data, headers)
@@ -204,24 +210,23 @@ class Connection:
         return max(self.options.connect_timeout, 10.0)
 
     async def subscribe_raw(
-        self, handler: RawHandler, subject: str | None = None, runs: tuple[bytes, RunHandler] | None = None
+        self, handler: RawHandler, subject: str | None = None, bulk: Callable[[int], BulkHandler] | None = None
     ) -> tuple[str, int]:
         """Subscribe ``subject`` (default: a new inbox); its messages go to ``handler`` on the loop thread.
 
-        ``runs``: (payload pattern, handler) to take consecutive messages of that shape in one call
-        (``protocol.run_pattern``); the rest still go to ``handler``.
+        ``bulk(sid)`` makes a bulk handler that takes runs of the messages first (``protocol``);
+        what it leaves goes to ``handler``.
         """
         subject = subject or self.client.new_inbox()
         sub = await self.client.subscribe(subject)
         self.client.raw_handlers[sub._id] = handler
-        if runs is not None:
-            payload, on_run = runs
-            self.client.run_handlers[sub._id] = (run_pattern(sub._id, payload), on_run)
+        if bulk is not None:
+            self.client.bulk_handlers[sub._id] = bulk(sub._id)
         return subject, sub._id
 
     async def unsubscribe_raw(self, sid: int) -> None:
         self.client.raw_handlers.pop(sid, None)
-        self.client.run_handlers.pop(sid, None)
+        self.client.bulk_handlers.pop(sid, None)
         sub = self.client._subs.get(sid)
         if sub is not None and not self.client.is_closed:
             await sub.unsubscribe()

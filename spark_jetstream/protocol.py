@@ -7,11 +7,10 @@ put about half of the client's time there. This parser handles ``MSG`` and ``HMS
 subscriptions directly. Every other line (``PING``, ``PONG``, ``+OK``, ``-ERR``, ``INFO``) is rare
 and goes to nats-py's own parser, as do messages of ordinary nats-py subscriptions.
 
-A subscription may also have a *run handler*: a compiled pattern matching one or more whole
-consecutive messages of a fixed, self-delimiting shape (the writer's PubAcks), and a handler
-called once with the bytes of the longest such run. Thousands of PubAcks then cost one regex
-match instead of thousands of handler calls; anything else (an error, a status) still goes to
-the subscription's per-message handler.
+A subscription may also have a *bulk handler* that takes its consecutive messages straight
+from the read buffer and says where it stopped: the pull reader parses its deliveries in one
+tight loop, the writer counts a whole run of PubAcks with one regex match (``run_pattern``).
+What a bulk handler leaves (a status, an error) goes to the subscription's per-message handler.
 """
 
 from __future__ import annotations
@@ -25,8 +24,9 @@ from nats.protocol.parser import AWAITING_CONTROL_LINE, Parser
 RawHandler = Callable[[bytes, bytes, bytes, bytes | None], None]
 """(subject, reply, payload, header block or None), called on the loop thread."""
 
-RunHandler = Callable[[bytes], None]
-"""Handed the bytes of a run of whole messages its pattern matched (see module doc)."""
+BulkHandler = Callable[[bytearray, memoryview, int], int]
+"""(buffer, a view of it, position of a ``MSG``/``HMSG`` line of its subscription) -> the position
+after the whole messages it took from there (the same position: it took none)."""
 
 _CRLF = b"\r\n"
 
@@ -34,7 +34,8 @@ _CRLF = b"\r\n"
 def run_pattern(sid: int, payload: bytes) -> re.Pattern[bytes]:
     """One or more consecutive ``MSG`` of subscription ``sid`` (no reply) whose payload matches ``payload``.
 
-    ``payload`` must not match a line break, so each match ends exactly at a message's end.
+    ``payload`` must not match a line break, so each match ends exactly at a message's end: a
+    bulk handler can take a whole run of such messages with one ``match``.
     """
     return re.compile(rb"(?:MSG [^ \r\n]++ %d \d++\r\n(?:%b)\r\n)++" % (sid, payload))  # possessive: no backtracking
 
@@ -42,8 +43,8 @@ def run_pattern(sid: int, payload: bytes) -> re.Pattern[bytes]:
 class FastParser(Parser):
     """``Parser`` whose hot path skips regexes and per-message awaits (see module doc).
 
-    ``nc`` must have a ``raw_handlers`` dict (sid -> ``RawHandler``) and a ``run_handlers`` dict
-    (sid -> (``run_pattern``, ``RunHandler``)).
+    ``nc`` must have ``raw_handlers`` and ``bulk_handlers`` dicts (sid -> ``RawHandler`` /
+    ``BulkHandler``).
     """
 
     async def parse(self, data: bytes = b"") -> None:
@@ -53,7 +54,7 @@ class FastParser(Parser):
         buf = self.buf
         buf.extend(data)
         handlers: dict[int, RawHandler] = self.nc.raw_handlers
-        runs: dict[int, tuple[re.Pattern[bytes], RunHandler]] = self.nc.run_handlers
+        bulks: dict[int, BulkHandler] = self.nc.bulk_handlers
         pos, size = 0, len(buf)
         view = memoryview(buf)  # slices of a memoryview copy once, slices of a bytearray twice
         try:
@@ -82,12 +83,9 @@ class FastParser(Parser):
                         raise ValueError
                 except ValueError:
                     raise ProtocolError("nats: malformed MSG") from None
-                if runs and sid in runs:
-                    pattern, on_run = runs[sid]
-                    if matched := pattern.match(buf, pos):
-                        pos = matched.end()
-                        on_run(bytes(view[matched.start() : pos]))
-                        continue
+                if bulks and sid in bulks and (taken := bulks[sid](buf, view, pos)) != pos:
+                    pos = taken
+                    continue
                 start = eol + 2
                 end = start + total
                 if end + 2 > size:
@@ -107,3 +105,12 @@ class FastParser(Parser):
             view.release()
             if pos:
                 del buf[:pos]
+
+
+def wire(sid: int, subject: bytes, reply: bytes, payload: bytes, headers: bytes | None) -> bytes:
+    """One message as the server sends it (for handing a message nats-py parsed to a bulk handler)."""
+    reply_field = reply + b" " if reply else b""
+    if headers is None:
+        return b"MSG %b %d %b%d\r\n%b\r\n" % (subject, sid, reply_field, len(payload), payload)
+    size = len(headers)
+    return b"HMSG %b %d %b%d %d\r\n%b%b\r\n" % (subject, sid, reply_field, size, size + len(payload), headers, payload)

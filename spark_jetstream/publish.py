@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from .connection import Connection
 from .errors import JetStreamError
+from .protocol import BulkHandler, run_pattern
 
 Message = tuple[str, bytes, dict[str, str] | None]
 """(subject, payload, headers or None)."""
@@ -114,7 +115,7 @@ class Publisher:
         self._sid: int | None = None
 
     async def open(self) -> Publisher:
-        _, self._sid = await self.conn.subscribe_raw(self._on_ack, f"{self.prefix}.*", (_STORED, self._on_stored))
+        _, self._sid = await self.conn.subscribe_raw(self._on_ack, f"{self.prefix}.*", self._stored_runs)
         return self
 
     async def close(self) -> None:
@@ -182,8 +183,19 @@ class Publisher:
             "publishTimeout if the server is just slow."
         )
 
+    def _stored_runs(self, sid: int) -> BulkHandler:
+        """Bulk handler of the PubAck subscription: takes consecutive PubAcks that all say stored."""
+        pattern = run_pattern(sid, _STORED)
+
+        def take(buf: bytearray, view: memoryview, pos: int) -> int:
+            if matched := pattern.match(buf, pos):
+                self._on_stored(bytes(view[pos : matched.end()]))
+                return matched.end()
+            return pos
+
+        return take
+
     def _on_stored(self, run: bytes) -> None:
-        """Run handler of the PubAck subscription: consecutive PubAcks that all say stored."""
         result = self.result
         count = run.count(b"\r\n{")  # one per message: the payload follows its MSG line
         result.count += count
@@ -196,7 +208,7 @@ class Publisher:
         self._acked(count)
 
     def _on_ack(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
-        """Raw handler of the PubAck subscription for what ``_on_stored`` did not take."""
+        """Raw handler of the PubAck subscription for what ``_stored_runs`` did not take."""
         if headers is not None and headers.startswith(_STATUS):
             self._fail(subject, headers[len(_STATUS) :].split(b"\r\n", 1)[0].decode(errors="replace"))
         elif b'"error"' in data:

@@ -35,12 +35,14 @@ from .errors import (
     StreamNotFoundError,
 )
 from .jsapi import PRIORITY_GROUP, PRIORITY_GROUP_UNKNOWN, JetStreamApi
+from .protocol import BulkHandler
 from .rows import RowBuffer
 
 log = logging.getLogger(__name__)
 
 _NS = 1_000_000_000
 _ACK_PREFIX = b"$JS.ACK."
+_VERBS = (b"MSG", b"HMSG")  # a delivery's protocol line without and with headers
 _STATUS_PREFIX = b"NATS/1.0 "
 _PIN_HEADER = b"Nats-Pin-Id:"
 _MAX_RECOVERIES = 5
@@ -141,6 +143,8 @@ class _PinnedPull:
         self.leader_changed = False  # pins seen since then may stem from this reader's own pulls
         self.recoveries = 0
         self.wakeup = asyncio.Event()
+        self.received = 0  # messages and statuses that arrived (counted, not timed: the hot path stays lean)
+        self.heard = 0  # `received` when next_rows last looked, at `last_activity`
         self.last_activity = 0.0
 
     @property
@@ -166,7 +170,7 @@ class _PinnedPull:
 
     async def _new_inbox(self) -> None:
         """Receive on a fresh inbox: late replies to pulls sent before are ignored from now on."""
-        old, (self.inbox, self.sid) = self.sid, await self.conn.subscribe_raw(self._on_message)
+        old, (self.inbox, self.sid) = self.sid, await self.conn.subscribe_raw(self._on_message, bulk=self._deliveries)
         self.requests.clear()
         self.last_activity = self.conn.loop.time()
         if old is not None:
@@ -220,7 +224,10 @@ class _PinnedPull:
                 return rows
             if self.done:
                 return None
-            quiet = self.conn.loop.time() - self.last_activity > stall_after
+            now = self.conn.loop.time()
+            if self.received != self.heard:  # something arrived since the last look
+                self.heard, self.last_activity = self.received, now
+            quiet = now - self.last_activity > stall_after
             if self.needs_check or quiet or not self.requests:  # no pull could be sent: budget used up
                 self.needs_check = False
                 await self._check_progress()
@@ -263,49 +270,92 @@ class _PinnedPull:
             )
 
     def _on_message(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
-        """Raw handler for the pull inbox (loop thread, once per message: keep it lean)."""
-        self.last_activity = self.conn.loop.time()
-        if reply.startswith(_ACK_PREFIX):
-            self._on_data(subject, reply, data, headers)
-        elif headers is not None and headers.startswith(_STATUS_PREFIX):
+        """Raw handler for what ``_deliveries`` leaves on the pull inbox: statuses (loop thread)."""
+        self.received += 1
+        if not reply and headers is not None and headers.startswith(_STATUS_PREFIX):
             self._on_status(*_status(headers), headers)
 
-    def _on_data(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
-        self.budget -= 1
+    def _deliveries(self, sid: int) -> BulkHandler:
+        """Bulk handler of the pull inbox: parses consecutive deliveries straight from the read buffer.
+
+        One tight loop per buffer, not a parser pass plus a handler call per message: this is the
+        reader's hot path. It stops at anything that is not a delivery (a status goes to
+        ``_on_message``) and at a message not yet complete.
+        """
+        own = b"%d" % sid
+
+        def take(buf: bytearray, view: memoryview, pos: int) -> int:
+            member, settings = self.member, self.settings
+            end_seq, keep_headers = member.end, member.include_headers
+            taken = 0
+            while True:
+                eol = buf.find(b"\r\n", pos)
+                if eol < 0:
+                    break
+                # HMSG <subject> <sid> <reply> <header size> <size> / MSG <subject> <sid> <reply> <size>
+                args = bytes(view[pos:eol]).split()
+                headed = len(args) == 6
+                if (len(args) != 5 and not headed) or args[0] != _VERBS[headed] or args[2] != own:
+                    break
+                if not args[3].startswith(_ACK_PREFIX):
+                    break
+                try:
+                    header_size, size = (int(args[4]), int(args[5])) if headed else (0, int(args[4]))
+                except ValueError:
+                    break  # malformed: the parser reports it
+                start = eol + 2
+                end = start + size
+                if end + 2 > len(buf) or not 0 <= header_size <= size:
+                    break
+                pos = end + 2
+                taken += 1
+                if self.pin_id is None and header_size:
+                    self.pin_id = _header(bytes(view[start : start + header_size]), _PIN_HEADER)
+                if self.done:
+                    continue
+                # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>, or the 11+
+                # token form with domain and account hash after "$JS.ACK."
+                tokens = args[3].split(b".")
+                base = 2 if len(tokens) >= 11 else 0
+                seq = int(tokens[5 + base])
+                if seq > self.last_seq:
+                    if seq > end_seq:
+                        self._finish()
+                        continue
+                    rows = self.rows
+                    data = bytes(view[start + header_size : end])
+                    rows.subjects.append(args[1])
+                    rows.data.append(data)
+                    rows.seqs.append(seq)
+                    rows.nbytes += len(data)
+                    rows.times.append(int(tokens[7 + base]))
+                    if keep_headers:
+                        rows.headers.append(bytes(view[start : start + header_size]) if headed else None)
+                    self.last_seq = seq
+                    if len(rows.seqs) >= settings.record_batch_size or rows.nbytes >= settings.record_batch_bytes:
+                        self.ready.append(rows)
+                        self.rows = RowBuffer()
+                        self.wakeup.set()
+                if seq >= end_seq or tokens[8 + base] == b"0":  # range complete, or nothing more matches
+                    self._finish()
+            if taken:
+                self._delivered(taken)
+            return pos
+
+        return take
+
+    def _delivered(self, count: int) -> None:
+        """``count`` messages arrived: they come off the budget and off the oldest pulls still owed any."""
+        self.received += count
+        self.budget -= count
         requests = self.requests
-        for index, owed in enumerate(requests):  # the oldest pull still owed messages (a full one waits for its status)
-            if owed > 0:
-                requests[index] = owed - 1
+        for index, owed in enumerate(requests):  # a full pull stays listed until its status
+            if not count:
                 break
-        if self.pin_id is None and headers:
-            self.pin_id = _header(headers, _PIN_HEADER)
-        if self.done:
-            return
-        # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>, or the 11+ token
-        # form with domain and account hash after "$JS.ACK."
-        tokens = reply.split(b".")
-        base = 2 if len(tokens) >= 11 else 0
-        seq = int(tokens[5 + base])
-        end = self.member.end
-        if seq > self.last_seq:
-            if seq > end:
-                self._finish()
-                return
-            rows = self.rows
-            rows.subjects.append(subject)
-            rows.data.append(data)
-            rows.seqs.append(seq)
-            rows.nbytes += len(data)
-            rows.times.append(int(tokens[7 + base]))
-            if self.member.include_headers:
-                rows.headers.append(headers)
-            self.last_seq = seq
-            if len(rows) >= self.settings.record_batch_size or rows.nbytes >= self.settings.record_batch_bytes:
-                self.ready.append(rows)
-                self.rows = RowBuffer()
-                self.wakeup.set()
-        if seq >= end or tokens[8 + base] == b"0":  # range complete, or nothing more matches at all
-            self._finish()
+            if owed > 0:
+                used = min(owed, count)
+                requests[index] = owed - used
+                count -= used
 
     def _on_status(self, code: int, description: str, headers: bytes) -> None:
         if code == 100 or self.done:

@@ -8,7 +8,7 @@ import pytest
 from nats.errors import ProtocolError
 from nats.protocol.parser import Parser
 
-from spark_jetstream.protocol import FastParser, run_pattern
+from spark_jetstream.protocol import FastParser, run_pattern, wire
 from spark_jetstream.publish import _STORED
 
 RAW_SID, PLAIN_SID, ACK_SID = 7, 9, 11
@@ -70,9 +70,16 @@ class Client:
     def __init__(self) -> None:
         self.seen: list[tuple[str, int | None, bytes, bytes, bytes, bytes | None]] = []
         self.raw_handlers = {RAW_SID: self.raw, ACK_SID: self.raw}
-        self.run_handlers = {ACK_SID: (run_pattern(ACK_SID, _STORED), self.run)}
+        self.bulk_handlers = {ACK_SID: self.bulk}
         self.runs: list[int] = []
         self.infos: list[dict] = []
+
+    def bulk(self, buf: bytearray, view: memoryview, pos: int) -> int:
+        """Takes runs of stored PubAcks, as the writer's bulk handler does."""
+        if matched := run_pattern(ACK_SID, _STORED).match(buf, pos):
+            self.run(bytes(view[pos : matched.end()]))
+            return matched.end()
+        return pos
 
     def run(self, run: bytes) -> None:
         lines = run.split(b"\r\n")
@@ -153,3 +160,14 @@ def test_a_run_is_not_taken_for_another_subscription():
     client = Client()
     assert dispatched(FastParser, [other], client) == dispatched(Parser, [other])
     assert client.runs == []
+
+
+def test_wire_is_what_the_parsers_read():
+    for message in (
+        (RAW_SID, b"p.1", b"$JS.ACK.S.C.1.10.10.123.5", b"hello", None),
+        (RAW_SID, b"p.2", b"", b"", PIN_HEADERS),
+        (RAW_SID, b"p.3", b"r", b"\r\n", PIN_HEADERS),
+    ):
+        _, subject, reply, payload, headers = message
+        seen, _ = dispatched(Parser, [wire(*message)])
+        assert seen == [("raw", None, subject, reply, payload, headers)]

@@ -6,15 +6,17 @@ import asyncio
 import json
 import random
 import time
+from collections import deque
 
 import pyarrow as pa
 import pytest
 
-from spark_jetstream.connection import Connection
+from spark_jetstream.connection import Connection, _RawClient
 from spark_jetstream.errors import ConsumerNotFoundError, FencedError, ReaderError, StreamNotFoundError
 from spark_jetstream.groups import member_consumer_config, partition_filters
 from spark_jetstream.jsapi import JetStreamApi
-from spark_jetstream.pull import MemberRange, PullSettings, read_member
+from spark_jetstream.protocol import wire
+from spark_jetstream.pull import MemberRange, PullSettings, _PinnedPull, read_member
 
 SMALL = PullSettings(batch=50, in_flight=3, expires=2.0, idle_heartbeat=0.5, record_batch_size=70)
 
@@ -193,3 +195,56 @@ def test_a_standby_client_gets_nothing_while_the_reader_holds_the_pin(conn, make
     assert seqs == stream.expected(0, 0, stream.last_seq)
     assert [r for r, _ in received if r.startswith(b"$JS.ACK.")] == []  # no message went to the standby
     assert all(h and h.startswith(b"NATS/1.0 408") for _, h in received), received
+
+
+class _RecordingClient(_RawClient):
+    """The connector's nats-py client, fed bytes by hand; PING and PONG are only recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pings = 0
+
+    async def _process_ping(self) -> None:
+        self.pings += 1
+
+    async def _process_pong(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1000, 1 << 20])
+def test_deliveries_are_parsed_alike_by_the_bulk_handler_and_after_nats_py_took_over(conn, chunk):
+    """Deliveries, heartbeats and a PING in one byte stream: every delivery becomes exactly one row
+    (including those nats-py's parser handles after the PING), for any way the bytes arrive."""
+    sid = 3
+    pin = b"NATS/1.0\r\nNats-Pin-Id: abc123\r\n\r\n"
+    heartbeat = wire(sid, b"_INBOX.x", b"", b"", b"NATS/1.0 100 Idle Heartbeat\r\n\r\n")
+
+    def delivery(seq: int) -> bytes:
+        reply = b"$JS.ACK.S.C.1.%d.%d.%d.%d" % (seq, seq, 1_700_000_000_000_000_000 + seq * 1000, 20 - seq)
+        return wire(sid, b"%d.orders.k%d" % (seq % 2, seq), reply, b"payload %d" % seq, pin)
+
+    stream = b"".join(
+        [*(delivery(s) for s in range(1, 6)), heartbeat, b"PING\r\n", *(delivery(s) for s in range(6, 9)), heartbeat]
+    )
+    pull = _PinnedPull(conn, MemberRange("S", "C", start=0, end=20), PullSettings(record_batch_size=3))
+    pull.budget, pull.requests = 20, deque([10, 10])
+    client = _RecordingClient()
+    client.raw_handlers[sid] = pull._on_message
+    client.bulk_handlers[sid] = pull._deliveries(sid)
+
+    async def feed() -> None:
+        for i in range(0, len(stream), chunk):
+            await client._ps.parse(stream[i : i + chunk])
+
+    asyncio.run(feed())
+    rows = pa.Table.from_batches(
+        [buffer.to_record_batch("S", True, False) for buffer in [*pull.ready, pull.rows] if len(buffer)]
+    )
+    assert rows.column("seq").to_pylist() == list(range(1, 9))
+    assert rows.column("data").to_pylist() == [b"payload %d" % s for s in range(1, 9)]
+    assert rows.column("subject").to_pylist() == [f"orders.k{s}" for s in range(1, 9)]
+    assert rows.column("partition").to_pylist() == [s % 2 for s in range(1, 9)]
+    assert rows.column("timestamp").cast(pa.int64()).to_pylist() == [1_700_000_000_000_000 + s for s in range(1, 9)]
+    assert (pull.pin_id, pull.budget, list(pull.requests)) == ("abc123", 12, [2, 10])
+    assert (pull.received, client.pings) == (10, 1)  # 8 deliveries and 2 heartbeats
+    assert not client._ps.buf
