@@ -6,8 +6,9 @@ left pending), then pull with JSON requests carrying the priority group and, onc
 pin id. Until the pin id is known exactly one request is outstanding; after that several are
 pipelined. Nothing is ever acked here: the ack floor moves only when Spark commits.
 
-Messages arrive on the connection's loop thread through a raw handler that only appends bytes
-to column lists; the caller's thread turns full buffers into Arrow record batches. Memory is
+Messages arrive on the connection's loop thread, where a bulk handler parses runs of deliveries
+straight from the read buffer and only appends bytes to column lists; the caller's thread turns
+full buffers into Arrow record batches. Memory is
 bounded by the pull window: new pulls are sent only while fewer than two record batches wait.
 """
 
