@@ -16,7 +16,8 @@ never carry memory from one scenario into the next) and an untimed warm-up query
   ``collect()`` in ``foreachBatch`` minus the publish time carried in its payload. The naive
   source, measured the same way on a stream of its own, is the baseline.
 * ``write``: the contenders of ``bench/write.py`` (Spark writer with and without msg ids against a
-  raw pipelined publisher doing the same server work).
+  raw pipelined publisher doing the same server work), each run ``WRITE_ROUNDS`` times in turn,
+  best kept.
 * ``memory``: a 1-partition stream read with ``maxMessagesPerTrigger`` ``--messages``/10 and
   ``--messages`` (one task reading everything): the executor Python worker's peak RSS should not
   grow with the batch, since the reader streams Arrow batches of ``recordBatchSize`` rows and each
@@ -88,6 +89,9 @@ WARMUP_MESSAGES = 10_000
 SIZE = 100
 WRITE_WINDOW = 4000
 WRITE_TASKS = 2
+WRITE_ROUNDS = 2
+"""Every write contender runs this many times in turn and keeps its best (writes take seconds, and
+one slow run on this shared machine moved a ratio by 0.15)."""
 
 NAIVE_TARGET = 4.0
 LATENCY_P50_TARGET = 1.0
@@ -750,11 +754,15 @@ def scenario_write(suite: Suite) -> None:
             ("spark", spark_write(n)),
             ("spark-noids", spark_write(n, deduplicate="false")),
         ]
-        for name, work in contenders:
-            watch = Measurement(suite, f"write: {name}", spark if name.startswith("spark") else None)
-            run = timed(suite.conn, api, storage, name, n, work)  # type: ignore[arg-type]
-            runs[name] = (run, watch.stop())
-            print(f"  {name}: {run.rate:,.0f} msgs/s", flush=True)
+        for round_ in range(1, WRITE_ROUNDS + 1):
+            for name, work in contenders:
+                driver = spark if name.startswith("spark") else None
+                watch = Measurement(suite, f"write: {name}, round {round_}", driver)
+                run = timed(suite.conn, api, storage, name, n, work)  # type: ignore[arg-type]
+                cpu = watch.stop()
+                print(f"  round {round_}, {name}: {run.rate:,.0f} msgs/s", flush=True)
+                if name not in runs or run.rate > runs[name][0].rate:
+                    runs[name] = (run, cpu)
     finally:
         spark.stop()
         if WRITE_STREAM in api.stream_names():
