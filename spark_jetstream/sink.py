@@ -195,15 +195,13 @@ def _join(parts: list[Part]) -> pa.Array:
     return pc.binary_join_element_wise(*(_bin(p) if isinstance(p, bytes) else p for p in merged), _EMPTY)
 
 
-def _length(parts: list[Part]) -> pa.Array:
+def _length(parts: list[Part], rows: int) -> pa.Array:
     """The byte length of every row's concatenation of ``parts``."""
-    arrays = [pc.binary_length(p) for p in parts if not isinstance(p, bytes)]
-    constant = sum(len(p) for p in parts if isinstance(p, bytes))
-    total = arrays[0] if len(arrays) == 1 else pc.add(arrays[0], arrays[1]) if arrays else None
-    for array in arrays[2:]:
-        total = pc.add(total, array)
-    assert total is not None, "a command has at least one per-row part"
-    return pc.add(total, constant)
+    total = pa.repeat(pa.scalar(sum(len(p) for p in parts if isinstance(p, bytes)), pa.int64()), rows)
+    for part in parts:
+        if not isinstance(part, bytes):
+            total = pc.add(total, pc.binary_length(part))
+    return total
 
 
 class _Commands:
@@ -266,13 +264,16 @@ class _Commands:
             given = rows.column(self.columns.msg_id).cast(pa.large_binary())
             if pc.any(pc.match_substring_regex(given.cast(pa.large_string()), r"[\r\n]")).as_py():
                 raise PublishError("A msg_id contains a line break, which NATS headers cannot carry: remove it.")
-        generated = self.config.deduplicate and self.id_prefix is not None
-        if given is None and generated:
-            parts += [f"{MSG_ID_HEADER}: ".encode() + self.id_prefix, numbers, b"\r\n"]
-        elif given is not None:
-            ids = pc.coalesce(given, _join([self.id_prefix, numbers])) if generated else given
+        prefix = self.id_prefix if self.config.deduplicate else None  # generated ids: prefix + row number
+        own_ids = has_id_header is not None and any(has_id_header)  # a row's own Nats-Msg-Id header wins
+        if prefix is not None and given is None and not own_ids:  # the usual case: no per-row choice to make
+            parts += [f"{MSG_ID_HEADER}: ".encode() + prefix, numbers, b"\r\n"]
+        elif prefix is not None or given is not None:
+            ids = _join([prefix, numbers]) if prefix is not None else None
+            if given is not None:
+                ids = given if ids is None else pc.coalesce(given, ids)
             line = _join([f"{MSG_ID_HEADER}: ".encode(), ids, b"\r\n"])
-            if has_id_header is not None and any(has_id_header):  # the row's own Nats-Msg-Id header wins
+            if own_ids:
                 line = pc.if_else(pa.array(has_id_header), _EMPTY, line)
             parts.append(line.fill_null(_EMPTY))
         if self.expected_line is not None:
@@ -289,7 +290,7 @@ class _Commands:
             total = pc.binary_length(data)
             parts = [b"PUB ", subjects, b" ", reply_prefix, numbers, b" ", _text(total), b"\r\n", data, b"\r\n"]
         else:
-            header_size = _length(header)
+            header_size = _length(header, rows.num_rows)
             total = pc.add(header_size, pc.binary_length(data))
             parts = [b"HPUB ", subjects, b" ", reply_prefix, numbers, b" ", _text(header_size), b" ", _text(total)]
             parts += [b"\r\n", *header, data, b"\r\n"]
