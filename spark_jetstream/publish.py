@@ -189,23 +189,24 @@ class Publisher:
 
         def take(buf: bytearray, view: memoryview, pos: int) -> int:
             if matched := pattern.match(buf, pos):
-                self._on_stored(bytes(view[pos : matched.end()]))
+                run = bytes(view[pos : matched.end()])
+                count = run.count(b"\r\n{")  # one per message: where its payload starts
+                self._on_stored(count, run)
+                self._acked(count)
                 return matched.end()
             return pos
 
         return take
 
-    def _on_stored(self, run: bytes) -> None:
+    def _on_stored(self, count: int, text: bytes) -> None:
+        """``count`` PubAcks that say stored arrived; ``text`` holds them (seqs, streams, duplicates)."""
         result = self.result
-        count = run.count(b"\r\n{")  # one per message: the payload follows its MSG line
         result.count += count
-        result.duplicates += run.count(b'"duplicate"')
-        if self.seqs:
-            seqs = [int(seq) for seq in _SEQ.findall(run)]
+        result.duplicates += text.count(b'"duplicate"')
+        if self.seqs and (seqs := [int(seq) for seq in _SEQ.findall(text)]):
             result.first_seq = min(result.first_seq or min(seqs), min(seqs))
             result.last_seq = max(result.last_seq, max(seqs))
-            result.streams.update(stream.decode() for stream in _STREAM.findall(run))
-        self._acked(count)
+            result.streams.update(stream.decode() for stream in _STREAM.findall(text))
 
     def _on_ack(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         """Raw handler of the PubAck subscription for what ``_stored_runs`` did not take."""
@@ -217,15 +218,7 @@ class Publisher:
             reason = description.group(1).decode(errors="replace") if description else data.decode(errors="replace")
             self._fail(subject, f"{reason} (error {code.group(1).decode() if code else '?'})")
         else:  # stored, in a shape the run pattern does not know
-            self.result.count += 1
-            if b'"duplicate"' in data:
-                self.result.duplicates += 1
-            if self.seqs and (found := _SEQ.search(data)):
-                seq = int(found.group(1))
-                self.result.first_seq = min(self.result.first_seq or seq, seq)
-                self.result.last_seq = max(self.result.last_seq, seq)
-                if stream := _STREAM.search(data):
-                    self.result.streams.add(stream.group(1).decode())
+            self._on_stored(1, data)
         self._acked(1)
 
     def _acked(self, count: int) -> None:
