@@ -8,7 +8,8 @@ never carry memory from one scenario into the next) and an untimed warm-up query
 * ``read``: ``--messages`` x 100 B on a 4-partition stream, ``trigger(availableNow=True)`` into
   the ``noop`` sink (``bench/stream_read.py``), against the raw pull loop draining the same member
   consumers in 2 processes, and against the naive PySpark source of
-  ``shared/bench/naive_source.py`` (nats-py ``fetch()``, one partition) on the same stream.
+  ``shared/bench/naive_source.py`` (nats-py ``fetch()``, one partition) on the same stream; each
+  contender runs ``READ_ROUNDS`` times (connector and naive source in turn), best kept.
 * ``scaling``: the same read with ``members`` 1, 2, 4, 8 on an 8-partition stream
   (``bench/scaling.py``), and the raw pull loop on the 8 member consumers.
 * ``latency``: a steady ``--rate`` msg/s for ``--latency-seconds`` into a 4-partition stream while a
