@@ -30,6 +30,7 @@ class SourceConfig:
     fail_on_data_loss: bool = True
     include_headers: bool = False
     ack_wait: float = 3600.0
+    ack_policy: str = "explicit"
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> SourceConfig:
@@ -51,4 +52,5 @@ class SourceConfig:
             fail_on_data_loss=values["failOnDataLoss"],
             include_headers=values["includeHeaders"],
             ack_wait=values["ackWait"],
+            ack_policy=values["ackPolicy"],
         )

@@ -25,6 +25,7 @@ from .errors import (
     ConsumerNotFoundError,
     DataLossError,
     GroupConfigError,
+    OptionError,
     StreamNotFoundError,
 )
 from .group_admin import find_group
@@ -95,6 +96,7 @@ class Coordinator:
         self.layout = self.resolve_layout()
         self.stream = self.layout.stream  # the work stream of an elastic group
         self.state(fresh=True)
+        self._check_ack_policy()
 
     # -- stream --------------------------------------------------------------------------------
 
@@ -201,6 +203,21 @@ class Coordinator:
             )
         return wanted["name"]
 
+    def _check_ack_policy(self) -> None:
+        """``ackPolicy=none`` makes delivery count as the ack: only a Limits stream then keeps the
+        messages of an uncommitted batch for its replay (on a WorkQueue stream the server refuses
+        such consumers; on an Interest stream it would drop the messages at delivery)."""
+        retention = self.state().retention
+        if self.config.ack_policy == "none" and retention != "limits":
+            where = f"stream {self.stream!r}"
+            if self.layout.kind == "elastic":
+                where = f"the work stream {self.stream!r} of elastic group {self.config.group!r}"
+            raise OptionError(
+                f"ackPolicy=none needs a stream with Limits retention, but {where} has {retention} retention, "
+                "where a message delivered to an ack-none consumer counts as acked before Spark commits it. "
+                "Remove the ackPolicy option."
+            )
+
     def ensure_consumers(self) -> None:
         """Make the member consumers match the layout: create, update, and delete those of members
         that left (only consumers this connector made, or any group consumer in the way on a
@@ -209,6 +226,7 @@ class Coordinator:
         metadata = {OWNER_METADATA_KEY: self.owner}
         wanted = {layout.consumer(m): layout.filter_subjects(m) for m in layout.member_names}
         existing = {name: self.api.consumer_info(self.stream, name)["config"] for name in self._group_consumers()}
+        self._check_existing_ack_policy({name: config for name, config in existing.items() if name in wanted})
         workqueue = self.state().retention == "workqueue"
         stale = [
             name
@@ -220,7 +238,7 @@ class Coordinator:
             for name in stale:
                 self._delete_consumer(name)
         for member in layout.member_names:
-            config = layout.consumer_config(member, self.config.ack_wait, metadata)
+            config = layout.consumer_config(member, self.config.ack_wait, metadata, self.config.ack_policy)
             try:
                 self.api.create_consumer(self.stream, config)
             except ApiError as exc:
@@ -228,6 +246,20 @@ class Coordinator:
         if not workqueue:  # on other streams the new consumers hold the interest before the old go
             for name in stale:
                 self._delete_consumer(name)
+
+    def _check_existing_ack_policy(self, existing: dict[str, dict[str, Any]]) -> None:
+        """An ack policy cannot be changed on a consumer: say so before the server refuses the update."""
+        wanted = self.config.ack_policy
+        other = sorted(name for name, config in existing.items() if config.get("ack_policy") != wanted)
+        if other:
+            policy = existing[other[0]].get("ack_policy")
+            raise GroupConfigError(
+                f"Member consumer {other[0]!r} on stream {self.stream!r} has ack policy {policy!r}, but this query "
+                f"reads with ackPolicy={wanted}, and a consumer's ack policy cannot change. Set "
+                f".option('ackPolicy', '{policy}'), or delete the member consumers {', '.join(other)} and let the "
+                "query make them again: it resumes from its checkpoint (a new query starts at startingPosition, "
+                "default earliest)."
+            )
 
     def _group_consumers(self) -> list[str]:
         """Consumers on the read stream that belong to this group."""

@@ -42,22 +42,29 @@ def member_consumer_config(
     ack_wait: float = DEFAULT_ACK_WAIT,
     priority_timeout: float = DEFAULT_PRIORITY_TIMEOUT,
     priority_group: str = PRIORITY_GROUP,
+    ack_policy: str = "explicit",
 ) -> dict[str, Any]:
-    """The JetStream config of one member consumer."""
+    """The JetStream config of one member consumer.
+
+    ``ack_policy`` ``none`` (option ``ackPolicy``) leaves out ``max_ack_pending``, which only
+    counts explicitly acked messages.
+    """
     name = member_consumer_name(group, member)
-    return {
+    config: dict[str, Any] = {
         "durable_name": name,
         "name": name,
         "filter_subjects": list(filter_subjects),
-        "ack_policy": "explicit",
+        "ack_policy": ack_policy,
         "deliver_policy": "all",
-        "max_ack_pending": -1,
         "max_deliver": -1,
         "ack_wait": int(ack_wait * _NS),
         "priority_policy": "pinned_client",
         "priority_groups": [priority_group],
         "priority_timeout": int(priority_timeout * _NS),
     }
+    if ack_policy == "explicit":
+        config["max_ack_pending"] = -1
+    return config
 
 
 def partitioned_stream_config(name: str, subject: str, partitions: int, **extra: Any) -> dict[str, Any]:
@@ -315,8 +322,12 @@ class GroupLayout:
     def filter_subjects(self, member: str) -> list[str]:
         return list(self.member(member).filter_subjects)
 
-    def consumer_config(self, member: str, ack_wait: float, metadata: dict[str, str]) -> dict[str, Any]:
-        config = member_consumer_config(self.group, member, self.filter_subjects(member), ack_wait=ack_wait)
+    def consumer_config(
+        self, member: str, ack_wait: float, metadata: dict[str, str], ack_policy: str = "explicit"
+    ) -> dict[str, Any]:
+        config = member_consumer_config(
+            self.group, member, self.filter_subjects(member), ack_wait=ack_wait, ack_policy=ack_policy
+        )
         config["name"] = config["durable_name"] = self.consumer(member)
         config["metadata"] = metadata
         return config

@@ -101,10 +101,13 @@ class PartitionedStream:
 
 @pytest.fixture
 def make_stream(api: JetStreamApi, conn: Connection) -> Iterator[Callable[..., PartitionedStream]]:
-    """Factory: ``make_stream(count, partitions=4, headers=False)`` -> a filled ``PartitionedStream``."""
+    """Factory: ``make_stream(count, partitions=4, headers=False)`` -> a filled ``PartitionedStream``
+    with a member consumer per partition (``consumers=False``: none, the query makes them)."""
     created: list[str] = []
 
-    def make(count: int, partitions: int = 4, headers: bool = False, seed: int = 7) -> PartitionedStream:
+    def make(
+        count: int, partitions: int = 4, headers: bool = False, seed: int = 7, consumers: bool = True
+    ) -> PartitionedStream:
         n = next(_names)
         stream = PartitionedStream(name=f"T{n}_{os.getpid()}", group=f"g{n}", partitions=partitions)
         api.create_stream(partitioned_stream_config(stream.name, f"ev{n}.*", partitions))
@@ -121,7 +124,7 @@ def make_stream(api: JetStreamApi, conn: Connection) -> Iterator[Callable[..., P
         assert result.count == count
         for offset, message in enumerate(batch):
             stream.messages[result.first_seq + offset] = message
-        for p in range(partitions):
+        for p in range(partitions) if consumers else ():
             config = member_consumer_config(stream.group, str(p), partition_filters([p]))
             api.create_consumer(stream.name, config)
         return stream

@@ -100,20 +100,29 @@ def run_then_kill(args: list[str], ready: Callable[[], bool], timeout: float, po
         child.wait()
 
 
-def ack_floors(api, stream) -> dict[str, int]:
+def member_configs(api, stream) -> dict[str, dict]:
     return {
-        name: api.consumer_info(stream.name, name)["ack_floor"]["stream_seq"]
+        name: api.consumer_info(stream.name, name)
         for name in api.consumer_names(stream.name)
         if name.startswith(f"{stream.group}-")
     }
 
 
+def ack_floors(api, stream) -> dict[str, int]:
+    return {name: info["ack_floor"]["stream_seq"] for name, info in member_configs(api, stream).items()}
+
+
+ACK_POLICIES = pytest.mark.parametrize("ack_policy", ["explicit", "none"])
+"""Both read modes (option ``ackPolicy``); with ``none`` the query makes its own member consumers."""
+
+
+@ACK_POLICIES
 def test_parquet_sink_gets_exactly_the_stream_and_ack_floors_equal_the_checkpoint(
-    spark, nats_server, api, make_stream, tmp_path
+    ack_policy, spark, nats_server, api, make_stream, tmp_path
 ):
-    stream = make_stream(5000, partitions=4)
+    stream = make_stream(5000, partitions=4, consumers=ack_policy == "explicit")
     query = (
-        reader(spark, nats_server.url, stream, maxMessagesPerTrigger=1500)
+        reader(spark, nats_server.url, stream, maxMessagesPerTrigger=1500, ackPolicy=ack_policy)
         .writeStream.format("parquet")
         .option("path", str(tmp_path / "out"))
         .option("checkpointLocation", str(tmp_path / "cp"))
@@ -130,12 +139,15 @@ def test_parquet_sink_gets_exactly_the_stream_and_ack_floors_equal_the_checkpoin
     assert set(checkpoint_log(tmp_path / "cp", "commits")) == set(offsets)
     assert offsets[max(offsets)] == stream.last_seq
     assert ack_floors(api, stream) == {stream.consumer(p): stream.last_seq for p in range(4)}
+    assert {info["config"]["ack_policy"] for info in member_configs(api, stream).values()} == {ack_policy}
 
 
+@ACK_POLICIES
 def test_between_batches_every_ack_floor_equals_the_last_committed_offset(
-    spark, nats_server, api, make_stream, tmp_path
+    ack_policy, spark, nats_server, api, make_stream, tmp_path
 ):
-    stream = make_stream(3000, partitions=3)
+    """``record`` runs before the batch's tasks read (the DataFrame is lazy): floors are the last commit's."""
+    stream = make_stream(3000, partitions=3, consumers=ack_policy == "explicit")
     floors_seen: dict[int, set[int]] = {}
 
     def record(batch: DataFrame, batch_id: int) -> None:
@@ -143,7 +155,7 @@ def test_between_batches_every_ack_floor_equals_the_last_committed_offset(
         batch.count()
 
     query = (
-        reader(spark, nats_server.url, stream, maxMessagesPerTrigger=700)
+        reader(spark, nats_server.url, stream, maxMessagesPerTrigger=700, ackPolicy=ack_policy)
         .writeStream.foreachBatch(record)
         .option("checkpointLocation", str(tmp_path / "cp"))
         .trigger(availableNow=True)
@@ -158,12 +170,25 @@ def test_between_batches_every_ack_floor_equals_the_last_committed_offset(
     assert set(ack_floors(api, stream).values()) == {stream.last_seq}
 
 
-def test_driver_killed_mid_batch_restarts_exactly_once(spark, nats_server, api, make_stream, tmp_path):
-    stream = make_stream(6000, partitions=4)
+@ACK_POLICIES
+def test_driver_killed_mid_batch_restarts_exactly_once(ack_policy, spark, nats_server, api, make_stream, tmp_path):
+    """With ``ackPolicy=none`` the kill waits until a floor ran ahead of the checkpoint (delivery is
+    the ack there), so the restart must move it back and replay the batch."""
+    stream = make_stream(6000, partitions=4, consumers=ack_policy == "explicit")
     out, checkpoint = tmp_path / "out", tmp_path / "cp"
-    args = [sys.executable, str(JOB), "--servers", nats_server.url, "--stream", stream.name,
-            "--group", stream.group, "--out", str(out), "--checkpoint", str(checkpoint)]  # fmt: skip
-    run_then_kill([*args, "--max-per-trigger", "1000", "--slow-ms", "2"], lambda: mid_batch(checkpoint), 180)
+    args = [sys.executable, str(JOB), "--servers", nats_server.url, "--stream", stream.name, "--group",
+            stream.group, "--out", str(out), "--checkpoint", str(checkpoint), "--ack-policy", ack_policy]  # fmt: skip
+
+    def committed() -> int:
+        offsets, commits = checkpoint_log(checkpoint, "offsets"), checkpoint_log(checkpoint, "commits")
+        return offsets[max(commits)] if commits else 0
+
+    def ready() -> bool:
+        return mid_batch(checkpoint) and (
+            ack_policy == "explicit" or max(ack_floors(api, stream).values(), default=0) > committed()
+        )
+
+    run_then_kill([*args, "--max-per-trigger", "1000", "--slow-ms", "2"], ready, 180)
     assert len(checkpoint_log(checkpoint, "commits")) < len(checkpoint_log(checkpoint, "offsets"))
 
     finish = subprocess.run([*args, "--available-now"], capture_output=True, text=True, timeout=300)
@@ -323,8 +348,12 @@ def _load(spark: SparkSession, **options: str) -> DataFrame:
             {"stream": "S", "group": "g", "startingPosition": "yesterday"},
             "expected earliest, latest, group or a stream sequence number",
         ),
+        (
+            {"stream": "S", "group": "g", "ackPolicy": "all"},
+            "Option 'ackPolicy' has an invalid value 'all': expected explicit or none",
+        ),
     ],
-    ids=["typo", "missing-stream-option", "negative", "bad-name", "bad-position"],
+    ids=["typo", "missing-stream-option", "negative", "bad-name", "bad-position", "bad-ack-policy"],
 )
 def test_bad_options_fail_at_load_with_the_option_named(spark, options, message):
     with pytest.raises(Exception) as caught:
@@ -374,6 +403,43 @@ def test_workqueue_stream_with_a_foreign_overlapping_consumer(spark, nats_server
         )
     finally:
         api.delete_stream("WQ")
+
+
+@pytest.mark.parametrize("retention", ["workqueue", "interest"])
+def test_ack_policy_none_is_refused_where_delivery_would_remove_messages(retention, spark, nats_server, api, tmp_path):
+    from spark_jetstream.groups import partitioned_stream_config
+
+    name = f"AckNone{retention}"
+    api.create_stream(partitioned_stream_config(name, f"{name}.*", 2, retention=retention))
+    try:
+        publish_all(api.conn, ((f"{name}.k{i}", b"x", None) for i in range(20)))
+        stored = api.stream_info(name)["state"]["messages"]  # an Interest stream keeps none: nobody is interested
+        df = _load(spark, servers=nats_server.url, stream=name, group="g", ackPolicy="none")
+        _start_and_expect(
+            df, tmp_path, f"ackPolicy=none needs a stream with Limits retention, but stream {name!r} has {retention}"
+        )
+        assert api.consumer_names(name) == []  # refused before any consumer was made
+        assert api.stream_info(name)["state"]["messages"] == stored
+    finally:
+        api.delete_stream(name)
+
+
+def test_member_consumers_of_the_other_ack_policy_are_refused_with_the_fix(
+    spark, nats_server, api, make_stream, tmp_path
+):
+    stream = make_stream(500, partitions=2)  # explicit member consumers, as the group tooling makes them
+    df = reader(spark, nats_server.url, stream, ackPolicy="none")
+    _start_and_expect(
+        df,
+        tmp_path / "refused",
+        f"Member consumer {stream.consumer(0)!r} on stream {stream.name!r} has ack policy 'explicit', but this "
+        "query reads with ackPolicy=none, and a consumer's ack policy cannot change.",
+    )
+    for name in member_configs(api, stream):  # the fix the message names
+        api.delete_consumer(stream.name, name)
+    _available_now(spark, nats_server.url, stream, tmp_path / "cp", ackPolicy="none").awaitTermination(60)
+    assert ack_floors(api, stream) == {stream.consumer(p): stream.last_seq for p in range(2)}
+    assert {info["config"]["ack_policy"] for info in member_configs(api, stream).values()} == {"none"}
 
 
 def _available_now(spark, url, stream, checkpoint: Path, **options: object):

@@ -20,6 +20,7 @@ def main() -> None:
     parser.add_argument("--max-per-trigger", type=int, default=1000)
     parser.add_argument("--available-now", action="store_true")
     parser.add_argument("--slow-ms", type=float, default=0.0, help="sleep per row, to make batches slow")
+    parser.add_argument("--ack-policy", default="explicit", help="the source's ackPolicy option")
     args = parser.parse_args()
 
     spark = (
@@ -42,6 +43,7 @@ def main() -> None:
         .option("stream", args.stream)
         .option("group", args.group)
         .option("maxMessagesPerTrigger", args.max_per_trigger)
+        .option("ackPolicy", args.ack_policy)
         .load()
         .withColumn("seq", slowly("seq"))
     )
