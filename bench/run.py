@@ -9,8 +9,9 @@ never carry memory from one scenario into the next) and an untimed warm-up query
   the ``noop`` sink (``bench/stream_read.py``), by default and with ``ackPolicy=none``, each
   against the raw pull loop draining the same member consumers in 2 processes (explicit-ack or
   AckNone ones), and against the naive PySpark source of ``shared/bench/naive_source.py``
-  (nats-py ``fetch()``, one partition) on the same stream; each contender runs ``READ_ROUNDS``
-  times (the Spark contenders in turn), best kept.
+  (nats-py ``fetch()``, one partition) on the same stream; each contender runs once per round,
+  ``READ_ROUNDS`` rounds, best kept (the raw loops while the idle Spark session stays up: minutes
+  apart, this machine's speed drifts more than an idle JVM costs).
 * ``scaling``: the same read with ``members`` 1, 2, 4, 8 on an 8-partition stream
   (``bench/scaling.py``), and the raw pull loop on the 8 member consumers.
 * ``latency``: a steady ``--rate`` msg/s for ``--latency-seconds`` into a 4-partition stream while a
@@ -94,9 +95,10 @@ WRITE_TASKS = 2
 WRITE_ROUNDS = 2
 """Every write contender runs this many times in turn and keeps its best (writes take seconds, and
 one slow run on this shared machine moved a ratio by 0.15)."""
-READ_ROUNDS = 2
-"""The same for the read contenders: the connector's 1,000,000-row read took 17.3-22.8 s in three
-runs of one hour on this machine, the naive source 74-78 s."""
+READ_ROUNDS = 3
+"""Rounds of the read contenders, each contender once per round, best kept: the connector's
+1,000,000-row read took 18.6-26.6 s in the rounds of one hour on this machine, the naive source
+66-106 s."""
 
 RAW_TARGET = 0.8
 NAIVE_TARGETS = (4.0, 5.0)
@@ -421,7 +423,7 @@ def scenario_read(suite: Suite) -> None:
     print(f"  published in {took:.1f} s", flush=True)
     naive = args.naive_dir if (args.naive_dir / "naive_source.py").is_file() else None
     conf = {"spark.executorEnv.PYTHONPATH": str(naive)} if naive else {}
-    spark: SparkSession | None = start_session(suite, "read", conf)
+    spark = start_session(suite, "read", conf)
     best: dict[str, tuple[int, float, int | None, Cpu]] = {}  # contender -> its fastest round
 
     def keep(name: str, round_: int, count: int, seconds: float, batches: int | None, cpu: Cpu) -> None:
@@ -440,14 +442,13 @@ def scenario_read(suite: Suite) -> None:
         ),
     }
     try:
-        assert spark is not None
         if naive is not None:
             register_naive(spark, naive)
             options = {"servers": suite.url, "stream": WARMUP_STREAM}
             available_now(spark, NAIVE_FORMAT, options, suite.checkpoint("naive-warm"))  # warms nats-py imports
         else:
             suite.notes.append(f"read: no naive source at {args.naive_dir}: that comparison was skipped")
-        for round_ in range(1, READ_ROUNDS + 1):
+        for round_ in range(1, READ_ROUNDS + 1):  # every contender once per round: the machine's speed drifts
             for name, (group, extra, _) in connectors.items():
                 watch = Measurement(suite, f"read: {name}, round {round_}", spark)
                 group = group if round_ == 1 else f"{group}-r{round_}"  # new member consumers each round
@@ -464,11 +465,8 @@ def scenario_read(suite: Suite) -> None:
                 if nrun.messages != args.messages:
                     raise SystemExit(f"FAILED: the naive source read {nrun.messages:,} of {args.messages:,}")
                 keep(naive_name, round_, nrun.messages, nrun.seconds, nrun.batches, cpu)
-        spark.stop()  # the baselines run without Spark's threads around
-        spark = None
-        for round_ in range(1, READ_ROUNDS + 1):
-            for group, _, raw_name in connectors.values():
-                watch = Measurement(suite, f"read: {raw_name}, round {round_}", None)
+            for group, _, raw_name in connectors.values():  # Spark stays up, idle
+                watch = Measurement(suite, f"read: {raw_name}, round {round_}", spark)
                 consumers = [f"{group}-{p}" for p in range(READ_PARTITIONS)]  # made by the round-1 query
                 seconds, count = run_baseline_parallel(suite.conn, suite.address, consumers, args.messages)
                 cpu = watch.stop()
@@ -476,8 +474,7 @@ def scenario_read(suite: Suite) -> None:
                     raise SystemExit(f"FAILED: the {raw_name} read {count:,} of {args.messages:,}")
                 keep(raw_name, round_, count, seconds, None, cpu)
     finally:
-        if spark is not None:
-            spark.stop()
+        spark.stop()
     print_rows([(name, *figures) for name, figures in best.items()])
     naive_rate = rate(*best[naive_name][:2]) if naive_name in best else None
     for (name, (_, extra, raw_name)), naive_target in zip(connectors.items(), NAIVE_TARGETS, strict=True):
