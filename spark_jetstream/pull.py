@@ -4,7 +4,8 @@ Protocol (DESIGN section 4): UNPIN the consumer so this attempt takes the pin (a
 still pulling gets 423 and stops), RESET it to ``start + 1`` (drops whatever an earlier attempt
 left pending), then pull with JSON requests carrying the priority group and, once known, the
 pin id. Until the pin id is known exactly one request is outstanding; after that several are
-pipelined. Nothing is ever acked here: the ack floor moves only when Spark commits.
+pipelined. Nothing is ever acked here: the ack floor moves only when Spark commits (with
+``ackPolicy=none`` the server itself counts delivery as the ack until the commit resets the floor).
 
 Messages arrive on the connection's loop thread, where a bulk handler parses runs of deliveries
 straight from the read buffer and only appends bytes to column lists; the caller's thread turns
