@@ -69,22 +69,12 @@ def test_reading_acks_nothing(conn, api, make_stream):
         assert info["num_ack_pending"] > 0  # delivered, still unacked
 
 
-def with_ack_policy(api: JetStreamApi, stream, ack_policy: str):
-    """The stream with member consumers of ``ack_policy`` (made anew: an ack policy cannot change)."""
-    if ack_policy != "explicit":
-        for p in range(stream.partitions):
-            api.delete_consumer(stream.name, stream.consumer(p))
-            config = member_consumer_config(stream.group, str(p), partition_filters([p]), ack_policy=ack_policy)
-            api.create_consumer(stream.name, config)
-    return stream
-
-
 ACK_POLICIES = pytest.mark.parametrize("ack_policy", ["explicit", "none"])
 
 
 @ACK_POLICIES
-def test_replay_after_an_abandoned_partial_read_is_identical(ack_policy, conn, api, make_stream):
-    stream = with_ack_policy(api, make_stream(2000, partitions=2), ack_policy)
+def test_replay_after_an_abandoned_partial_read_is_identical(ack_policy, conn, make_stream):
+    stream = make_stream(2000, partitions=2, consumers=ack_policy)
     member = MemberRange(stream.name, stream.consumer(1), 100, 1900)
     first = read_all(conn, member)
     partial = read_member(conn, member, SMALL)
@@ -96,8 +86,8 @@ def test_replay_after_an_abandoned_partial_read_is_identical(ack_policy, conn, a
 
 
 @ACK_POLICIES
-def test_newer_reader_fences_the_older_one(ack_policy, conn, api, make_stream):
-    stream = with_ack_policy(api, make_stream(3000, partitions=2), ack_policy)
+def test_newer_reader_fences_the_older_one(ack_policy, conn, make_stream):
+    stream = make_stream(3000, partitions=2, consumers=ack_policy)
     member = MemberRange(stream.name, stream.consumer(0), 0, stream.last_seq)
     expected = stream.expected(0, 0, stream.last_seq)
     reader_a = read_member(conn, member, SMALL)

@@ -113,14 +113,14 @@ def ack_floors(api, stream) -> dict[str, int]:
 
 
 ACK_POLICIES = pytest.mark.parametrize("ack_policy", ["explicit", "none"])
-"""Both read modes (option ``ackPolicy``); with ``none`` the query makes its own member consumers."""
+"""Both read modes (option ``ackPolicy``), on member consumers of that ack policy."""
 
 
 @ACK_POLICIES
 def test_parquet_sink_gets_exactly_the_stream_and_ack_floors_equal_the_checkpoint(
     ack_policy, spark, nats_server, api, make_stream, tmp_path
 ):
-    stream = make_stream(5000, partitions=4, consumers=ack_policy == "explicit")
+    stream = make_stream(5000, partitions=4, consumers=ack_policy)
     query = (
         reader(spark, nats_server.url, stream, maxMessagesPerTrigger=1500, ackPolicy=ack_policy)
         .writeStream.format("parquet")
@@ -147,7 +147,7 @@ def test_between_batches_every_ack_floor_equals_the_last_committed_offset(
     ack_policy, spark, nats_server, api, make_stream, tmp_path
 ):
     """``record`` runs before the batch's tasks read (the DataFrame is lazy): floors are the last commit's."""
-    stream = make_stream(3000, partitions=3, consumers=ack_policy == "explicit")
+    stream = make_stream(3000, partitions=3, consumers=ack_policy)
     floors_seen: dict[int, set[int]] = {}
 
     def record(batch: DataFrame, batch_id: int) -> None:
@@ -174,7 +174,7 @@ def test_between_batches_every_ack_floor_equals_the_last_committed_offset(
 def test_driver_killed_mid_batch_restarts_exactly_once(ack_policy, spark, nats_server, api, make_stream, tmp_path):
     """With ``ackPolicy=none`` the kill waits until a floor ran ahead of the checkpoint (delivery is
     the ack there), so the restart must move it back and replay the batch."""
-    stream = make_stream(6000, partitions=4, consumers=ack_policy == "explicit")
+    stream = make_stream(6000, partitions=4, consumers=ack_policy)
     out, checkpoint = tmp_path / "out", tmp_path / "cp"
     args = [sys.executable, str(JOB), "--servers", nats_server.url, "--stream", stream.name, "--group",
             stream.group, "--out", str(out), "--checkpoint", str(checkpoint), "--ack-policy", ack_policy]  # fmt: skip
