@@ -102,12 +102,11 @@ class PartitionedStream:
 @pytest.fixture
 def make_stream(api: JetStreamApi, conn: Connection) -> Iterator[Callable[..., PartitionedStream]]:
     """Factory: ``make_stream(count, partitions=4, headers=False)`` -> a filled ``PartitionedStream``
-    with a member consumer per partition of ack policy ``consumers`` (None: no consumers, the query
-    makes them)."""
+    with a member consumer of ack policy ``consumers`` per partition."""
     created: list[str] = []
 
     def make(
-        count: int, partitions: int = 4, headers: bool = False, seed: int = 7, consumers: str | None = "explicit"
+        count: int, partitions: int = 4, headers: bool = False, seed: int = 7, consumers: str = "explicit"
     ) -> PartitionedStream:
         n = next(_names)
         stream = PartitionedStream(name=f"T{n}_{os.getpid()}", group=f"g{n}", partitions=partitions)
@@ -125,7 +124,7 @@ def make_stream(api: JetStreamApi, conn: Connection) -> Iterator[Callable[..., P
         assert result.count == count
         for offset, message in enumerate(batch):
             stream.messages[result.first_seq + offset] = message
-        for p in range(partitions) if consumers else ():
+        for p in range(partitions):
             config = member_consumer_config(stream.group, str(p), partition_filters([p]), ack_policy=consumers)
             api.create_consumer(stream.name, config)
         return stream
