@@ -323,7 +323,7 @@ class GroupLayout:
         return list(self.member(member).filter_subjects)
 
     def consumer_config(
-        self, member: str, ack_wait: float, metadata: dict[str, str], ack_policy: str = "explicit"
+        self, member: str, ack_wait: float, metadata: dict[str, str], ack_policy: str
     ) -> dict[str, Any]:
         config = member_consumer_config(
             self.group, member, self.filter_subjects(member), ack_wait=ack_wait, ack_policy=ack_policy

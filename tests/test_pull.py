@@ -15,6 +15,7 @@ from spark_jetstream.connection import Connection, _RawClient
 from spark_jetstream.errors import ConsumerNotFoundError, FencedError, ReaderError, StreamNotFoundError
 from spark_jetstream.groups import member_consumer_config, partition_filters
 from spark_jetstream.jsapi import JetStreamApi
+from spark_jetstream.options import ACK_POLICIES
 from spark_jetstream.protocol import wire
 from spark_jetstream.pull import MemberRange, PullSettings, _PinnedPull, read_member
 
@@ -69,10 +70,10 @@ def test_reading_acks_nothing(conn, api, make_stream):
         assert info["num_ack_pending"] > 0  # delivered, still unacked
 
 
-ACK_POLICIES = pytest.mark.parametrize("ack_policy", ["explicit", "none"])
+EACH_ACK_POLICY = pytest.mark.parametrize("ack_policy", ACK_POLICIES)
 
 
-@ACK_POLICIES
+@EACH_ACK_POLICY
 def test_replay_after_an_abandoned_partial_read_is_identical(ack_policy, conn, make_stream):
     stream = make_stream(2000, partitions=2, consumers=ack_policy)
     member = MemberRange(stream.name, stream.consumer(1), 100, 1900)
@@ -85,7 +86,7 @@ def test_replay_after_an_abandoned_partial_read_is_identical(ack_policy, conn, m
     assert first.column("seq").to_pylist() == stream.expected(1, 100, 1900)
 
 
-@ACK_POLICIES
+@EACH_ACK_POLICY
 def test_newer_reader_fences_the_older_one(ack_policy, conn, make_stream):
     stream = make_stream(3000, partitions=2, consumers=ack_policy)
     member = MemberRange(stream.name, stream.consumer(0), 0, stream.last_seq)

@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import LongType
 
+from spark_jetstream.options import ACK_POLICIES
 from spark_jetstream.publish import publish_all
 
 pytestmark = pytest.mark.slow
@@ -100,7 +101,7 @@ def run_then_kill(args: list[str], ready: Callable[[], bool], timeout: float, po
         child.wait()
 
 
-def member_configs(api, stream) -> dict[str, dict]:
+def member_infos(api, stream) -> dict[str, dict]:
     return {
         name: api.consumer_info(stream.name, name)
         for name in api.consumer_names(stream.name)
@@ -109,14 +110,14 @@ def member_configs(api, stream) -> dict[str, dict]:
 
 
 def ack_floors(api, stream) -> dict[str, int]:
-    return {name: info["ack_floor"]["stream_seq"] for name, info in member_configs(api, stream).items()}
+    return {name: info["ack_floor"]["stream_seq"] for name, info in member_infos(api, stream).items()}
 
 
-ACK_POLICIES = pytest.mark.parametrize("ack_policy", ["explicit", "none"])
+EACH_ACK_POLICY = pytest.mark.parametrize("ack_policy", ACK_POLICIES)
 """Both read modes (option ``ackPolicy``), on member consumers of that ack policy."""
 
 
-@ACK_POLICIES
+@EACH_ACK_POLICY
 def test_parquet_sink_gets_exactly_the_stream_and_ack_floors_equal_the_checkpoint(
     ack_policy, spark, nats_server, api, make_stream, tmp_path
 ):
@@ -139,10 +140,10 @@ def test_parquet_sink_gets_exactly_the_stream_and_ack_floors_equal_the_checkpoin
     assert set(checkpoint_log(tmp_path / "cp", "commits")) == set(offsets)
     assert offsets[max(offsets)] == stream.last_seq
     assert ack_floors(api, stream) == {stream.consumer(p): stream.last_seq for p in range(4)}
-    assert {info["config"]["ack_policy"] for info in member_configs(api, stream).values()} == {ack_policy}
+    assert {info["config"]["ack_policy"] for info in member_infos(api, stream).values()} == {ack_policy}
 
 
-@ACK_POLICIES
+@EACH_ACK_POLICY
 def test_between_batches_every_ack_floor_equals_the_last_committed_offset(
     ack_policy, spark, nats_server, api, make_stream, tmp_path
 ):
@@ -170,7 +171,7 @@ def test_between_batches_every_ack_floor_equals_the_last_committed_offset(
     assert set(ack_floors(api, stream).values()) == {stream.last_seq}
 
 
-@ACK_POLICIES
+@EACH_ACK_POLICY
 def test_driver_killed_mid_batch_restarts_exactly_once(ack_policy, spark, nats_server, api, make_stream, tmp_path):
     """With ``ackPolicy=none`` the kill waits until a floor ran ahead of the checkpoint (delivery is
     the ack there), so the restart must move it back and replay the batch."""
@@ -435,11 +436,11 @@ def test_member_consumers_of_the_other_ack_policy_are_refused_with_the_fix(
         f"Member consumer {stream.consumer(0)!r} on stream {stream.name!r} has ack policy 'explicit', but this "
         "query reads with ackPolicy=none, and a consumer's ack policy cannot change.",
     )
-    for name in member_configs(api, stream):  # the fix the message names
+    for name in member_infos(api, stream):  # the fix the message names
         api.delete_consumer(stream.name, name)
     _available_now(spark, nats_server.url, stream, tmp_path / "cp", ackPolicy="none").awaitTermination(60)
     assert ack_floors(api, stream) == {stream.consumer(p): stream.last_seq for p in range(2)}
-    assert {info["config"]["ack_policy"] for info in member_configs(api, stream).values()} == {"none"}
+    assert {info["config"]["ack_policy"] for info in member_infos(api, stream).values()} == {"none"}
 
 
 def _available_now(spark, url, stream, checkpoint: Path, **options: object):
