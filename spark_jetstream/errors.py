@@ -7,9 +7,42 @@ actionable sentence first: Spark wraps Python errors several layers deep
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+
+_USERINFO = re.compile(r"(?P<lead>//|(?<![^\s'\"(,=]))(?P<user>[^\s'\"(,=/@:]*)(?P<password>:[^\s'\",/]*)?@(?=[\w\[])")
+"""``user:password@`` or ``token@`` before a host: after ``//`` or at the start of a word (a server URL as
+typed, even malformed: ``nats//alice:pw@host``, ``alice:pw@host``)."""
+_NKEY_SEED = re.compile(r"\bS[UAONCXP][A-Z2-7]{56}\b")
+_JWT = re.compile(r"\beyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
+HIDDEN = "***"
+
+
+def _hide_userinfo(match: re.Match[str]) -> str:
+    if match.group("password") is None:  # nats://<token>@host
+        return f"{match.group('lead')}{HIDDEN}@"
+    return f"{match.group('lead')}{match.group('user')}:{HIDDEN}@"
+
+
+def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
+    """``text`` with every secret replaced by ``***``: the password (or token) in a URL's userinfo
+    (``nats://alice:***@host:4222``), nkey seeds, JWTs, and each of ``secrets`` (option values).
+
+    The one redaction of the connector: every error message goes through it (``JetStreamError``),
+    and so does everything else that shows server URLs or options (``repr``, the command line).
+    """
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, HIDDEN)
+    text = _USERINFO.sub(_hide_userinfo, text)
+    return _JWT.sub(HIDDEN, _NKEY_SEED.sub(HIDDEN, text))
+
 
 class JetStreamError(Exception):
-    """Base class of every error raised by spark-jetstream."""
+    """Base class of every error raised by spark-jetstream. Its message is redacted (``redact``)."""
+
+    def __init__(self, message: str = "", *args: object) -> None:
+        super().__init__(redact(str(message)), *args)
 
 
 class OptionError(JetStreamError, ValueError):
@@ -59,3 +92,7 @@ class FencedError(JetStreamError):
 
 class ReaderError(JetStreamError):
     """A pull could not make progress (another client holds the pin, the consumer vanished, ...)."""
+
+
+class SparkVersionError(JetStreamError, ImportError):
+    """PySpark is missing or older than the connector supports."""

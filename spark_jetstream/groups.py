@@ -15,14 +15,12 @@ from typing import Any
 
 from .errors import GroupConfigError
 from .jsapi import PRIORITY_GROUP
+from .options import DEFAULT_PRIORITY_TIMEOUT
 
 _NS = 1_000_000_000
 
 DEFAULT_ACK_WAIT = 3600.0
 """Seconds. Nothing is acked while Spark works on a batch; redelivery must not kick in meanwhile."""
-
-DEFAULT_PRIORITY_TIMEOUT = 120.0
-"""Seconds a pin survives without a pull that carries its id (the server's default)."""
 
 
 def member_consumer_name(group: str, member: str) -> str:

@@ -31,6 +31,22 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _DURATION_UNITS[unit]
 
 
+DEFAULT_PRIORITY_TIMEOUT = 120.0
+"""Seconds a pin survives without a pull that carries its id: the member consumers' ``priority_timeout``
+(the server's default)."""
+
+
+def parse_pull_expires(text: str) -> float:
+    """A duration well under half the member consumers' ``priority_timeout``, or the pin lapses between pulls."""
+    seconds = parse_duration(text)
+    if seconds * 2 >= DEFAULT_PRIORITY_TIMEOUT:
+        raise ValueError(
+            f"it must stay under half the member consumers' priority_timeout ({DEFAULT_PRIORITY_TIMEOUT:g}s), "
+            f"or the pin lapses between pulls: use at most {DEFAULT_PRIORITY_TIMEOUT / 2 - 1:g}s"
+        )
+    return seconds
+
+
 def parse_int(text: str) -> int:
     try:
         return int(text.strip().replace("_", ""))
@@ -145,21 +161,29 @@ def parse_text(text: str) -> str:
     return text.strip()
 
 
+_HOST = re.compile(r"^[A-Za-z0-9_.-]+$|:")  # a host name, an IPv4 address, or an IPv6 address (has ':')
+
+
 def parse_servers(text: str) -> tuple[str, ...]:
-    """A comma-separated list of ``nats://host:port`` (``host:port`` and ``tls://`` also accepted)."""
+    """A comma-separated list of ``nats://host:port`` (``host:port``, ``tls://``, ``ws://`` and ``wss://``
+    also accepted). Anything else is refused here, before any connection is tried."""
     servers = []
     for entry in (part.strip() for part in text.split(",")):
         if not entry:
             continue
         url = entry if "://" in entry else f"nats://{entry}"
         parts = urlsplit(url)
+        malformed = ValueError(f"{entry!r} is malformed: expected a server URL such as nats://host:4222")
         try:
             port = parts.port
         except ValueError:
             raise ValueError(f"{entry!r} has a malformed port") from None
-        if parts.scheme not in ("nats", "tls", "ws", "wss") or not parts.hostname:
-            raise ValueError(f"{entry!r} is not a server URL such as nats://host:4222")
-        if port is None and parts.scheme in ("nats", "tls"):
+        websocket = parts.scheme in ("ws", "wss")  # a websocket URL may have a path
+        if parts.scheme not in ("nats", "tls", "ws", "wss") or not parts.hostname or not _HOST.search(parts.hostname):
+            raise malformed
+        if parts.fragment or (not websocket and (parts.query or parts.path.strip("/"))):
+            raise malformed
+        if port is None and not websocket:
             url = f"{url.rstrip('/')}:4222"
         servers.append(url)
     if not servers:
@@ -217,9 +241,10 @@ PULL_OPTIONS: tuple[Option, ...] = (
     Option("pullsInFlight", parse_int, 4, "Pull requests kept outstanding per member.", minimum=1),
     Option(
         "pullExpires",
-        parse_duration,
+        parse_pull_expires,
         5.0,
-        "How long one pull request may wait at the server; keep it well under half the consumer's `priority_timeout`.",
+        "How long one pull request may wait at the server: under half the member consumers' `priority_timeout` "
+        "(2 min), so at most 59s.",
         minimum=0.1,
     ),
     Option(
@@ -258,7 +283,24 @@ def parse_options(raw: Mapping[str, str], allowed: Iterable[Option]) -> dict[str
             hint = f" Did you mean {by_lower[close[0].lower()].name!r}?" if close else ""
             raise OptionError(f"Unknown option {key!r}.{hint} Valid options: {', '.join(sorted(names))}.")
         values[option.name] = option.convert(str(raw_value))
+    _check_ranges(values)
     return values
+
+
+def _check_ranges(values: Mapping[str, Any]) -> None:
+    """A batch read's end must not come before its start (an empty read would hide the mistake)."""
+    start, end = values.get("startingPosition"), values.get("endingPosition")
+    if isinstance(start, int) and isinstance(end, int) and end < start:
+        raise OptionError(
+            f"endingPosition ({end}) is before startingPosition ({start}): a batch read covers the stream "
+            "sequences from startingPosition up to and including endingPosition."
+        )
+    start, end = values.get("startingTimestamp"), values.get("endingTimestamp")
+    if start is not None and end is not None and end <= start:
+        raise OptionError(
+            f"endingTimestamp ({end.isoformat()}) is not after startingTimestamp ({start.isoformat()}): a batch "
+            "read covers the messages stored at or after startingTimestamp and before endingTimestamp."
+        )
 
 
 SOURCE_OPTIONS: tuple[Option, ...] = (
@@ -437,7 +479,7 @@ def _default_text(option: Option) -> str:
         return "required" if option.required else "-"
     if isinstance(default, tuple):
         return ",".join(default)
-    if option.parse is parse_duration:
+    if option.parse in (parse_duration, parse_pull_expires):
         return f"{default:g}s"
     if isinstance(default, bool):
         return str(default).lower()

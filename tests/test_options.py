@@ -52,8 +52,11 @@ def test_unknown_option_suggests_the_closest_name():
         ),
         ({"connectTimeout": "0"}, "must be at least 0.1"),
         ({"servers": ""}, "name at least one server"),
-        ({"servers": "http://x:80"}, "not a server URL"),
+        ({"servers": "http://x:80"}, "is malformed: expected a server URL such as nats://host:4222"),
         ({"servers": "nats://x:port"}, "malformed port"),
+        ({"servers": "nats//127.0.0.1:p"}, "'nats//127.0.0.1:p' is malformed: expected a server URL such as nats://"),
+        ({"servers": "nats://h:4222/path"}, "is malformed"),
+        ({"servers": "tls://bad host:4222"}, "is malformed"),
         ({"user": "  "}, "must not be empty"),
     ],
 )
@@ -97,3 +100,53 @@ def test_every_option_refuses_or_accepts_hostile_values_cleanly(option, value):
     assert parsed is not None and parsed != ""
     if isinstance(parsed, int | float) and option.minimum is not None:
         assert parsed >= option.minimum
+
+
+def test_a_password_in_a_server_url_is_never_shown():
+    for servers in ("nats//alice:pw-URL-1@127.0.0.1:p", "nats://alice:pw-URL-1@h:port", "alice:pw-URL-1@h/x"):
+        with pytest.raises(OptionError) as caught:
+            ConnectionOptions.parse({"servers": servers})
+        assert "pw-URL-1" not in str(caught.value) and "alice:***@" in str(caught.value)
+    options = ConnectionOptions.parse({"servers": "nats://alice:pw-URL-1@h:4222,nats://tok-URL-2@h2"})
+    assert repr(options).startswith("ConnectionOptions(servers=('nats://alice:***@h:4222', 'nats://***@h2:4222'), ")
+    assert options.describe_auth() == "user/password in the servers URL, token in the servers URL"
+
+
+@pytest.mark.parametrize(
+    ("streaming", "raw", "message"),
+    [
+        (
+            False,
+            {"startingPosition": "100", "endingPosition": "99"},
+            "endingPosition (99) is before startingPosition (100): a batch read covers the stream sequences from "
+            "startingPosition up to and including endingPosition.",
+        ),
+        (
+            False,
+            {"startingTimestamp": "2026-03-02T00:00:00Z", "endingTimestamp": "2026-03-01T00:00:00Z"},
+            "endingTimestamp (2026-03-01T00:00:00+00:00) is not after startingTimestamp (2026-03-02T00:00:00+00:00): "
+            "a batch read covers the messages stored at or after startingTimestamp and before endingTimestamp.",
+        ),
+        (
+            True,
+            {"servers": "nats//127.0.0.1:p"},
+            "Option 'servers' has an invalid value 'nats//127.0.0.1:p': 'nats//127.0.0.1:p' is malformed: expected "
+            "a server URL such as nats://host:4222.",
+        ),
+        (
+            True,
+            {"pullExpires": "60s"},
+            "Option 'pullExpires' has an invalid value '60s': it must stay under half the member consumers' "
+            "priority_timeout (120s), or the pin lapses between pulls: use at most 59s.",
+        ),
+    ],
+    ids=["seq-range", "time-range", "url-syntax", "pull-expires"],
+)
+def test_inconsistent_options_fail_at_load(spark, streaming, raw, message):
+    """Refused by ``load()`` itself, before any connection (no server listens at the default URL's port)."""
+    reader = spark.readStream if streaming else spark.read
+    options = {"servers": "nats://127.0.0.1:1", "stream": "S", "group": "g", **raw}
+    with pytest.raises(Exception) as caught:
+        reader.format("jetstream").options(**options).load()
+    text = caught.value.getMessage() if hasattr(caught.value, "getMessage") else str(caught.value)
+    assert f"OptionError: {message}" in text
