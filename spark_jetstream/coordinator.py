@@ -38,6 +38,7 @@ from .groups import (
 )
 from .jsapi import JetStreamApi
 from .offsets import Watermark
+from .options import ACK_POLICIES
 from .planning import Limits, batch_end
 from .pull import MemberRange
 
@@ -253,12 +254,20 @@ class Coordinator:
         other = sorted(name for name, config in existing.items() if config.get("ack_policy") != wanted)
         if other:
             policy = existing[other[0]].get("ack_policy")
+            remake = (
+                f"delete the member consumers {', '.join(other)} and let the query make them again: it resumes from "
+                "its checkpoint (a new query starts at startingPosition, default earliest)."
+            )
+            if policy not in ACK_POLICIES:  # made by hand with a policy the connector never uses (AckAll)
+                raise GroupConfigError(
+                    f"Member consumer {other[0]!r} on stream {self.stream!r} has ack policy {policy!r}, which "
+                    f"spark-jetstream does not read with (ackPolicy is one of {', '.join(ACK_POLICIES)}), and a "
+                    f"consumer's ack policy cannot change: {remake}"
+                )
             raise GroupConfigError(
                 f"Member consumer {other[0]!r} on stream {self.stream!r} has ack policy {policy!r}, but this query "
                 f"reads with ackPolicy={wanted}, and a consumer's ack policy cannot change. Set "
-                f".option('ackPolicy', '{policy}'), or delete the member consumers {', '.join(other)} and let the "
-                "query make them again: it resumes from its checkpoint (a new query starts at startingPosition, "
-                "default earliest)."
+                f".option('ackPolicy', '{policy}'), or {remake}"
             )
 
     def _group_consumers(self) -> list[str]:
@@ -426,7 +435,14 @@ class Coordinator:
         log.warning("Skipping messages %s of stream %s: removed before they were read", lost, self.stream)
 
     def plan(self, start: Watermark, end: Watermark) -> list[MemberRange]:
-        """One range per member with messages in ``(start, end]``; membership changes apply here."""
+        """One range per member with messages in ``(start, end]``; membership changes apply here.
+
+        ``start`` is committed (Spark plans batch N after committing N-1), except in the empty
+        range ``partitions(latest, latest)`` that Spark sends on a restart, whose end may belong to
+        a batch that never finished: that call moves nothing.
+        """
+        if end.seq <= start.seq:
+            return []
         layout = self.resolve_layout()
         if layout.stream != self.stream:
             raise GroupConfigError(
@@ -441,8 +457,6 @@ class Coordinator:
             self.on_committed(start)
         self._check_data_loss(start, self.state(fresh=True))
         fault_point("plan")  # the batch is in the offset log; no task has read it
-        if end.seq <= start.seq:
-            return []
         members = [
             m for m, busy in zip(self.layout.member_names, self._members_with_data(start, end), strict=True) if busy
         ]

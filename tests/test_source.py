@@ -425,22 +425,38 @@ def test_ack_policy_none_is_refused_where_delivery_would_remove_messages(retenti
         api.delete_stream(name)
 
 
-def test_member_consumers_of_the_other_ack_policy_are_refused_with_the_fix(
-    spark, nats_server, api, make_stream, tmp_path
+@pytest.mark.parametrize(
+    ("made", "read", "says"),
+    [
+        (
+            "explicit",
+            "none",
+            "but this query reads with ackPolicy=none, and a consumer's ack policy cannot change. Set "
+            ".option('ackPolicy', 'explicit'), or delete the member consumers",
+        ),
+        (  # made by hand with AckAll: the message must not suggest .option('ackPolicy', 'all'), which is refused
+            "all",
+            "explicit",
+            "which spark-jetstream does not read with (ackPolicy is one of explicit, none), and a consumer's ack "
+            "policy cannot change: delete the member consumers",
+        ),
+    ],
+)
+def test_member_consumers_of_another_ack_policy_are_refused_with_a_fix_that_works(
+    made, read, says, spark, nats_server, api, make_stream, tmp_path
 ):
-    stream = make_stream(500, partitions=2)  # explicit member consumers, as the group tooling makes them
-    df = reader(spark, nats_server.url, stream, ackPolicy="none")
+    stream = make_stream(500, partitions=2, consumers=made)
+    df = reader(spark, nats_server.url, stream, ackPolicy=read)
     _start_and_expect(
         df,
         tmp_path / "refused",
-        f"Member consumer {stream.consumer(0)!r} on stream {stream.name!r} has ack policy 'explicit', but this "
-        "query reads with ackPolicy=none, and a consumer's ack policy cannot change.",
+        f"Member consumer {stream.consumer(0)!r} on stream {stream.name!r} has ack policy {made!r}, {says}",
     )
     for name in member_infos(api, stream):  # the fix the message names
         api.delete_consumer(stream.name, name)
-    _available_now(spark, nats_server.url, stream, tmp_path / "cp", ackPolicy="none").awaitTermination(60)
+    _available_now(spark, nats_server.url, stream, tmp_path / "cp", ackPolicy=read).awaitTermination(60)
     assert ack_floors(api, stream) == {stream.consumer(p): stream.last_seq for p in range(2)}
-    assert {info["config"]["ack_policy"] for info in member_infos(api, stream).values()} == {"none"}
+    assert {info["config"]["ack_policy"] for info in member_infos(api, stream).values()} == {read}
 
 
 def _available_now(spark, url, stream, checkpoint: Path, **options: object):
