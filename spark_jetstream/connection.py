@@ -13,17 +13,22 @@ import asyncio
 import logging
 import os
 import re
+import socket
 import ssl
 import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
+import nkeys
 from nats.aio.client import Client as _NatsClient
-from nats.errors import ConnectionClosedError, NoRespondersError
+from nats.errors import AuthorizationError, ConnectionClosedError, NoRespondersError
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from .errors import ConnectError, JetStreamError, ServerTooOldError
+from .errors import ConnectError, JetStreamError, ServerTooOldError, redact
 from .options import CONNECTION_OPTIONS, parse_options
 from .protocol import BulkHandler, FastParser, RawHandler, wire
 
@@ -70,12 +75,28 @@ class ConnectionOptions:
         """Parse user option strings that are only connection options."""
         return cls.from_options(parse_options(raw, CONNECTION_OPTIONS))
 
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
+        return redact(f"ConnectionOptions({shown})")
+
     @property
     def api_prefix(self) -> str:
         return f"$JS.{self.domain}.API" if self.domain else "$JS.API"
 
+    @property
+    def shown_servers(self) -> str:
+        """The servers option as messages show it: any password or token in a URL is ``***``."""
+        return redact(", ".join(self.servers))
+
+    @property
+    def wants_tls(self) -> bool:
+        """TLS was asked for (a ``tls://`` or ``wss://`` URL, or any ``tls.*`` option): never connect without it."""
+        tls_urls = any(urlsplit(url).scheme in ("tls", "wss") for url in self.servers)
+        return tls_urls or any((self.tls_ca, self.tls_cert, self.tls_key))
+
     def describe_auth(self) -> str:
         """Which authentication is configured, without any secret."""
+        in_url = [urlsplit(url) for url in self.servers]
         kinds = [
             name
             for name, value in (
@@ -83,6 +104,8 @@ class ConnectionOptions:
                 ("nkey", self.nkey),
                 ("token", self.token),
                 ("user/password", self.user),
+                ("user/password in the servers URL", any(u.password is not None for u in in_url)),
+                ("token in the servers URL", any(u.username and u.password is None for u in in_url)),
             )
             if value
         ]
@@ -125,18 +148,44 @@ def event_loop() -> _LoopThread:
         return _loop
 
 
+class TlsNotOfferedError(NatsError):
+    """The server offered no TLS although TLS was asked for: nothing (no credential) was sent to it."""
+
+
 class _RawClient(_NatsClient):
-    """nats-py client that hands messages of registered subscriptions over raw.
+    """nats-py client that hands messages of registered subscriptions over raw, and never sends
+    CONNECT (the credentials) over plain text when TLS was asked for.
 
     The pull hot path needs the raw header block (repeated header keys, the pin id) and no
     per-message ``Msg`` object, header dict or queue hop; every other subscription is untouched.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, require_tls: bool = False) -> None:
         super().__init__()
         self.raw_handlers: dict[int, RawHandler] = {}
         self.bulk_handlers: dict[int, BulkHandler] = {}
         self._ps = FastParser(self)
+        self.require_tls = require_tls
+
+    def _connect_command(self) -> bytes:
+        """nats-py switches to TLS only when the server's INFO asks for it, then builds CONNECT (which
+        signs the nonce and carries the credentials) right before sending it: the last moment to check
+        that the connection really is TLS. Raising here drops the connection with nothing sent; nats-py
+        reports the error and tries the next server (initial connect and reconnects alike)."""
+        if self.require_tls and not self._tls_active():
+            url = self._current_server.uri if self._current_server else None
+            where = f"{url.scheme}://{url.hostname}:{url.port}" if url else "?"
+            raise TlsNotOfferedError(
+                f"The NATS server at {where} offers no TLS, but TLS was asked for (a tls:// URL or a tls.* "
+                "option): nothing was sent to it. Enable TLS on that server, or check the servers option."
+            )
+        return super()._connect_command()
+
+    def _tls_active(self) -> bool:
+        writer = getattr(self._transport, "_io_writer", None)  # TcpTransport
+        if writer is not None:
+            return writer.get_extra_info("ssl_object") is not None
+        return bool(self._current_server and self._current_server.uri.scheme == "wss")  # aiohttp's websocket
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         bulk = self.bulk_handlers.get(sid)
@@ -166,7 +215,7 @@ class Connection:
     @property
     def server_url(self) -> str:
         url = self.client.connected_url
-        return f"{url.scheme}://{url.hostname}:{url.port}" if url else ",".join(self.options.servers)
+        return f"{url.scheme}://{url.hostname}:{url.port}" if url else self.options.shown_servers
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -268,7 +317,7 @@ def close_all() -> None:
 
 
 def _tls_context(options: ConnectionOptions) -> ssl.SSLContext | None:
-    if not (options.tls_ca or options.tls_cert or any(s.startswith("tls://") for s in options.servers)):
+    if not options.wants_tls:
         return None
     if bool(options.tls_cert) != bool(options.tls_key):
         raise ConnectError("Set both tls.cert and tls.key for mutual TLS, or neither.")
@@ -281,43 +330,111 @@ def _tls_context(options: ConnectionOptions) -> ssl.SSLContext | None:
     return context
 
 
-def _check_files(options: ConnectionOptions) -> None:
+_CREDS_BLOCK = re.compile(r"-{3,}\s*BEGIN ([A-Z ]+?)\s*-{3,}\s*\n\s*(\S+)")
+"""A block of a creds file as nsc writes it: ``-----BEGIN USER NKEY SEED-----`` and the line below."""
+
+
+def _is_seed(text: str | None) -> bool:
+    try:
+        return text is not None and nkeys.from_seed(bytearray(text.encode())) is not None
+    except Exception:  # nkeys raises its own errors and binascii's for malformed base32
+        return False
+
+
+def _check_credential_files(options: ConnectionOptions) -> None:
+    """Refuse a creds or nkey file that is missing or holds no usable key before connecting: nats-py
+    would fail on it with an empty message or as an authorization error from the server."""
     for name, path in (("creds", options.creds), ("nkey", options.nkey)):
-        if path and not os.path.isfile(path):
-            raise ConnectError(f"The {name} file {path!r} does not exist or is not a file.")
+        if not path:
+            continue
+        if not os.path.isfile(path):
+            raise ConnectError(f"The {name} file {path!r} does not exist or is not a file: check the {name} option.")
+        try:
+            text = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConnectError(f"Cannot read the {name} file {path!r} ({exc}): check the {name} option.") from None
+        blocks = dict(match.groups() for match in _CREDS_BLOCK.finditer(text))
+        if name == "nkey" and not _is_seed(text.strip()):
+            raise ConnectError(
+                f"The nkey file {path!r} holds no valid nkey seed: check the nkey option (the file holds one "
+                "seed, SU..., as `nk -gen user` writes it)."
+            )
+        if name == "creds" and not (_is_seed(blocks.get("USER NKEY SEED")) and "NATS USER JWT" in blocks):
+            raise ConnectError(
+                f"The creds file {path!r} holds no user JWT and valid nkey seed: check the creds option (a "
+                ".creds file as `nsc generate creds` writes it)."
+            )
+
+
+def _is_auth_error(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, AuthorizationError) or "authorization" in text or "authentication" in text
 
 
 def _explain(errors: list[BaseException], options: ConnectionOptions) -> str:
-    """Turn nats-py's connect errors into one sentence that says what to do."""
-    servers = ", ".join(options.servers)
-    text = " ".join(str(e).lower() for e in errors)
-    if "authorization" in text or "authentication" in text or "user authentication" in text:
+    """One sentence from what actually went wrong (the most telling of the errors seen), naming the option."""
+    servers = options.shown_servers
+    within = f"within {options.connect_timeout:g}s"
+
+    def first(*kinds: type[BaseException]) -> BaseException | None:
+        return next((e for e in errors if isinstance(e, kinds)), None)
+
+    def detail(exc: BaseException) -> str:
+        return str(exc).strip() or type(exc).__name__  # nats-py raises some errors with empty messages
+
+    if (tls := first(TlsNotOfferedError)) is not None:
+        return str(tls)
+    if any(_is_auth_error(e) for e in errors):
+        auth = options.describe_auth()
+        if auth == "no credentials":
+            return (
+                f"The NATS server at {servers} requires credentials, and none were given: set the creds, nkey, "
+                "token or user and password option."
+            )
         return (
-            f"The NATS server at {servers} refused the credentials ({options.describe_auth()}): "
-            "check the creds, nkey, token or user/password options."
+            f"The NATS server at {servers} refused the credentials ({auth}): check the creds, nkey, token or "
+            "user/password options."
         )
-    if "ssl" in text or "certificate" in text or "tls" in text:
-        detail = next((str(e) for e in errors if "ssl" in str(e).lower() or "cert" in str(e).lower()), "")
-        return f"TLS handshake with {servers} failed: check tls.ca, tls.cert and tls.key ({detail})."
+    if (handshake := first(ssl.SSLError, ssl.CertificateError)) is not None:
+        return f"TLS handshake with {servers} failed: check tls.ca, tls.cert and tls.key ({detail(handshake)})."
+    if (key := first(nkeys.NkeysError)) is not None:
+        return f"The nkey seed of the creds or nkey option is not valid ({detail(key)}): check that option."
+    if first(ConnectionRefusedError) is not None:
+        return (
+            f"Cannot reach a NATS server at {servers} {within}: the connection was refused (nothing listens "
+            "there): check the servers option and that nats-server is running."
+        )
+    if (unknown_host := first(socket.gaierror)) is not None:
+        return (
+            f"Cannot reach a NATS server at {servers}: the host name does not resolve ({detail(unknown_host)}): "
+            "check the servers option."
+        )
+    if first(TimeoutError, NatsTimeoutError) is not None or not errors:
+        return (
+            f"Cannot reach a NATS server at {servers} {within}: no answer (timed out): check the servers option "
+            "and firewalls; raise connectTimeout for a slow network."
+        )
+    if (network := first(OSError)) is not None:
+        return f"Cannot reach a NATS server at {servers} {within} ({detail(network)}): check the servers option."
     return (
-        f"Cannot reach a NATS server at {servers} within {options.connect_timeout:g}s: check the servers "
-        "option and that nats-server is running and reachable."
+        f"Connecting to the NATS server at {servers} failed ({type(errors[-1]).__name__}: {detail(errors[-1])}): "
+        "check the servers option and the connection options."
     )
 
 
 async def _open(options: ConnectionOptions) -> _RawClient:
-    _check_files(options)
+    _check_credential_files(options)
     tls = _tls_context(options)
     errors: list[BaseException] = []
-    refused = asyncio.Event()  # retrying refused credentials is pointless: fail at once
+    refused = asyncio.Event()  # retrying refused credentials or a server without TLS is pointless: fail at once
 
     async def on_error(exc: BaseException) -> None:
         errors.append(exc)
         log.debug("nats client error: %s", type(exc).__name__)
-        if "authorization" in str(exc).lower() or "authentication" in str(exc).lower():
+        if _is_auth_error(exc) or isinstance(exc, TlsNotOfferedError):
             refused.set()
 
-    client = _RawClient()
+    client = _RawClient(require_tls=options.wants_tls)
     kwargs: dict[str, Any] = dict(
         servers=list(options.servers),
         name="spark-jetstream",
@@ -372,7 +489,7 @@ def _check_version(client: _RawClient, options: ConnectionOptions) -> None:
     if parse_version(version) < MIN_SERVER_VERSION:
         needed = ".".join(map(str, MIN_SERVER_VERSION))
         url = client.connected_url
-        where = f"{url.hostname}:{url.port}" if url else ",".join(options.servers)
+        where = f"{url.hostname}:{url.port}" if url else options.shown_servers
         raise ServerTooOldError(
             f"The NATS server at {where} runs version {version or 'unknown'}, but spark-jetstream needs "
             f"nats-server {needed} or newer (priority groups and consumer RESET): upgrade the server."

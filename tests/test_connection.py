@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,12 +20,43 @@ from spark_jetstream.jsapi import JetStreamApi
 OLD_SERVER_VERSION = "2.12.8"
 
 
-def test_unreachable_server_fails_within_the_connect_timeout():
+def test_refused_connection_fails_within_the_connect_timeout():
     url = f"nats://127.0.0.1:{free_port()}"
     started = time.monotonic()
-    with pytest.raises(ConnectError, match=f"Cannot reach a NATS server at {url} within 1.5s"):
+    with pytest.raises(ConnectError) as caught:
         connect(ConnectionOptions(servers=(url,), connect_timeout=1.5))
+    assert str(caught.value) == (
+        f"Cannot reach a NATS server at {url} within 1.5s: the connection was refused (nothing listens there): "
+        "check the servers option and that nats-server is running."
+    )
     assert time.monotonic() - started < 1.5 + 3
+
+
+def test_a_server_that_never_answers_times_out():
+    """A real server, stopped (SIGSTOP): the kernel accepts the connection, the INFO never comes."""
+    with EmbeddedServer(name="frozen") as server:
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(ConnectError) as caught:
+                connect(ConnectionOptions(servers=(server.url,), connect_timeout=1.5))
+            elapsed = time.monotonic() - started
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+    assert str(caught.value) == (
+        f"Cannot reach a NATS server at {server.url} within 1.5s: no answer (timed out): check the servers option "
+        "and firewalls; raise connectTimeout for a slow network."
+    )
+    assert elapsed < 1.5 + 3
+
+
+def test_an_unknown_host_is_named():
+    with pytest.raises(ConnectError) as caught:
+        connect(ConnectionOptions(servers=("nats://no-such-host.invalid:4222",), connect_timeout=2))
+    assert str(caught.value).startswith(
+        "Cannot reach a NATS server at nats://no-such-host.invalid:4222: the host name does not resolve ("
+    )
+    assert str(caught.value).endswith("): check the servers option.")
 
 
 @pytest.fixture(scope="module")
@@ -40,25 +73,42 @@ def test_user_and_password(secured_server):
     assert "pw-Sekr1t-42" not in repr(conn) + repr(good)
 
 
+SECRETS = ("wrong-Pa55", "pw-Sekr1t-42", "tok-Wr0ng-123")
+
+
 @pytest.mark.parametrize(
-    "options",
+    ("options", "url_userinfo", "says"),
     [
-        {"user": "alice", "password": "wrong-Pa55"},
-        {"user": "mallory", "password": "pw-Sekr1t-42"},
-        {"token": "tok-Wr0ng-123"},
-        {},
+        ({"user": "alice", "password": "wrong-Pa55"}, "", "refused the credentials (user/password)"),
+        ({"user": "mallory", "password": "pw-Sekr1t-42"}, "", "refused the credentials (user/password)"),
+        ({"token": "tok-Wr0ng-123"}, "", "refused the credentials (token)"),
+        ({}, "alice:wrong-Pa55@", "refused the credentials (user/password in the servers URL)"),
+        ({}, "tok-Wr0ng-123@", "refused the credentials (token in the servers URL)"),
     ],
-    ids=["wrong-password", "unknown-user", "token-instead", "no-credentials"],
+    ids=["wrong-password", "unknown-user", "token-instead", "password-in-url", "token-in-url"],
 )
-def test_refused_credentials_fail_fast_and_name_the_cause(secured_server, options):
+def test_refused_credentials_fail_fast_and_name_the_cause(secured_server, options, url_userinfo, says):
+    url = secured_server.url.replace("nats://", f"nats://{url_userinfo}")
     started = time.monotonic()
-    with pytest.raises(ConnectError, match="refused the credentials") as caught:
-        connect(ConnectionOptions(servers=(secured_server.url,), connect_timeout=3, **options))
+    with pytest.raises(ConnectError) as caught:
+        connect(ConnectionOptions(servers=(url,), connect_timeout=3, **options))
     assert time.monotonic() - started < 3 + 3
-    message = str(caught.value)
-    assert secured_server.url in message
-    for secret in ("wrong-Pa55", "pw-Sekr1t-42", "tok-Wr0ng-123"):
-        assert secret not in message
+    shown = secured_server.url.replace("nats://", "nats://alice:***@" if ":" in url_userinfo else "nats://***@")
+    assert str(caught.value) == (
+        f"The NATS server at {shown if url_userinfo else secured_server.url} {says}: check the creds, nkey, token "
+        "or user/password options."
+    )
+    for secret in SECRETS:
+        assert secret not in str(caught.value) + repr(caught.value)
+
+
+def test_no_credentials_for_a_server_that_needs_them(secured_server):
+    with pytest.raises(ConnectError) as caught:
+        connect(ConnectionOptions(servers=(secured_server.url,), connect_timeout=3))
+    assert str(caught.value) == (
+        f"The NATS server at {secured_server.url} requires credentials, and none were given: set the creds, nkey, "
+        "token or user and password option."
+    )
 
 
 def test_token_auth():
@@ -69,10 +119,35 @@ def test_token_auth():
             connect(ConnectionOptions(servers=(server.url,), token="tok-Wr0ng-9", connect_timeout=2))
 
 
-def test_missing_credential_files_are_named(tmp_path):
-    missing = str(tmp_path / "nope.creds")
-    with pytest.raises(ConnectError, match=f"The creds file '{missing}' does not exist"):
-        connect(ConnectionOptions(creds=missing))
+@pytest.mark.parametrize(
+    ("option", "content", "says"),
+    [
+        ("creds", None, "The creds file '{path}' does not exist or is not a file: check the creds option."),
+        ("nkey", None, "The nkey file '{path}' does not exist or is not a file: check the nkey option."),
+        (
+            "nkey",
+            "not a seed\n",
+            "The nkey file '{path}' holds no valid nkey seed: check the nkey option (the file holds one seed, SU..., "
+            "as `nk -gen user` writes it).",
+        ),
+        (
+            "creds",
+            "-----BEGIN NATS USER JWT-----\neyJhbGciOi.e30.c2ln\n------END NATS USER JWT------\n",
+            "The creds file '{path}' holds no user JWT and valid nkey seed: check the creds option (a .creds file as "
+            "`nsc generate creds` writes it).",
+        ),
+    ],
+    ids=["creds-missing", "nkey-missing", "nkey-not-a-seed", "creds-without-seed"],
+)
+def test_unusable_credential_files_are_named_before_connecting(secured_server, tmp_path, option, content, says):
+    path = tmp_path / f"user.{option}"
+    if content is not None:
+        path.write_text(content)
+    started = time.monotonic()
+    with pytest.raises(ConnectError) as caught:
+        connect(ConnectionOptions(servers=(secured_server.url,), **{option: str(path)}))
+    assert str(caught.value) == says.format(path=path)
+    assert time.monotonic() - started < 1
 
 
 def test_wrong_jetstream_domain_is_explained(conn: Connection, nats_server):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_source import error_text
 
 from spark_jetstream.connection import ConnectionOptions, connect, disconnect
 from spark_jetstream.embedded import EmbeddedServer
@@ -87,35 +88,229 @@ def test_unreadable_tls_files_are_named(tmp_path):
         connect(ConnectionOptions(servers=("nats://127.0.0.1:1",), tls_ca=str(tmp_path / "missing.pem")))
 
 
-def test_secrets_never_reach_logs_errors_plans_progress_or_the_checkpoint(api, tmp_path):
-    import sys
+TOKEN = "tok-Plain-Ri9ht-5521"
 
+
+@pytest.fixture(scope="module")
+def plain_token_server() -> Iterator[EmbeddedServer]:
+    """A server without TLS that takes TOKEN and traces every protocol line it receives."""
+    with EmbeddedServer({"authorization": {"token": TOKEN}, "trace": True}, name="plain") as server:
+        yield server
+
+
+def connects(server: EmbeddedServer) -> int:
+    """The CONNECT commands (which carry the credentials) the server received: its trace logs each."""
+    return Path(server.dir, "server.log").read_text(errors="replace").count("<<- [CONNECT")
+
+
+def test_the_plain_servers_trace_shows_every_connect(plain_token_server):
+    """The oracle of the tests below: a connection that sends its token shows up as a CONNECT."""
+    before = connects(plain_token_server)
+    options = ConnectionOptions(servers=(plain_token_server.url,), token=TOKEN)
+    assert JetStreamApi(connect(options)).account_info()["type"].endswith("account_info_response")
+    disconnect(options)
+    assert connects(plain_token_server) == before + 1
+
+
+def _tls_asked(how: str, server: EmbeddedServer, pki: dict[str, str]) -> dict[str, str]:
+    if how == "tls-url":
+        return {"servers": server.url.replace("nats://", "tls://")}
+    return {"servers": server.url, "tls.ca": pki["ca.pem"]}
+
+
+def _fail(path: str, options: dict[str, str], spark: Any, tmp_path: Path) -> str:
+    """Run ``path`` (a Spark read or write, or a command) with ``options``; the error it shows the user."""
+    if path in ("cli", "demo"):
+        args = [f"--{name.replace('.', '-')}={value}" for name, value in options.items()]
+        command = ["status", "--stream", "S", "--group", "g"] if path == "cli" else ["demo", "--out", str(tmp_path)]
+        done = subprocess.run(["spark-jetstream", *command, *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stdout + done.stderr
+        return done.stderr
+    with pytest.raises(Exception) as caught:
+        if path == "stream":
+            df = spark.readStream.format("jetstream").options(**options, stream="S", group="g").load()
+            df.writeStream.format("noop").option("checkpointLocation", str(tmp_path)).start().awaitTermination(60)
+        elif path == "batch":
+            spark.read.format("jetstream").options(**options, stream="S").load().collect()
+        else:
+            df = spark.createDataFrame([("s.a", "x")], "subject string, data string")
+            df.write.format("jetstream").options(**options).mode("append").save()
+    return error_text(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("path", "how"),
+    [(path, how) for path in ("connect", "stream", "batch", "write", "cli") for how in ("tls-url", "tls-ca")]
+    + [("demo", "tls-url")],  # the demo takes --servers and --creds only
+)
+def test_tls_asked_for_is_never_downgraded(path, how, plain_token_server, pki, spark, active_session, tmp_path):
+    """TLS asked for, a server that offers none: an error naming the server, and no CONNECT (credentials) sent."""
+    options = {**_tls_asked(how, plain_token_server, pki), "token": TOKEN}
+    if path == "demo":
+        del options["token"]
+    before = connects(plain_token_server)
+    started = time.monotonic()
+    if path == "connect":
+        with pytest.raises(ConnectError) as caught:
+            connect(ConnectionOptions.parse(options))
+        shown = str(caught.value)
+    else:
+        shown = _fail(path, options, spark, tmp_path)
+    scheme = "tls" if how == "tls-url" else "nats"
+    assert (
+        f"The NATS server at {scheme}://127.0.0.1:{plain_token_server.port} offers no TLS, but TLS was asked for "
+        "(a tls:// URL or a tls.* option): nothing was sent to it. Enable TLS on that server, or check the servers "
+        "option." in shown
+    ), shown
+    assert time.monotonic() - started < 60
+    assert connects(plain_token_server) == before
+    assert TOKEN not in shown
+
+
+@pytest.mark.slow
+def test_every_path_works_over_tls(tls_server, pki, spark, active_session, tmp_path):
     from spark_jetstream.groups import partitioned_stream_config
     from spark_jetstream.publish import publish_all
 
-    password, wrong_token = "pw-Sekr1t-7731", "tok-Wr0ng-5582"
+    tls = {"servers": tls_server.url, "tls.ca": pki["ca.pem"]}
+    options = ConnectionOptions.parse(tls)
+    api = JetStreamApi(connect(options))
+    api.create_stream(partitioned_stream_config("Tls", "tls.*", 2))
+    assert publish_all(api.conn, ((f"tls.k{i}", f"m{i}".encode(), None) for i in range(200))).count == 200
+
+    streamed = (
+        spark.readStream.format("jetstream")
+        .options(**tls, stream="Tls", group="tg")
+        .load()
+        .writeStream.format("memory")
+        .queryName("tls_read")
+        .trigger(availableNow=True)
+        .start()
+    )
+    streamed.awaitTermination(120)
+    assert spark.sql("select count(distinct seq) from tls_read").first()[0] == 200
+    batch = spark.read.format("jetstream").options(**tls, stream="Tls").load()
+    assert batch.count() == 200
+    batch.selectExpr("concat('tls.again', seq) as subject", "data").write.format("jetstream").options(**tls).mode(
+        "append"
+    ).save()
+    assert api.stream_info("Tls")["state"]["messages"] == 400
+    args = ["--servers", tls_server.url, "--tls-ca", pki["ca.pem"], "--stream", "Tls", "--group", "tg"]
+    shown = subprocess.run(["spark-jetstream", "status", *args], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert [line.split()[:2] for line in shown.stdout.splitlines()[1:]] == [["0", "tg-0"], ["1", "tg-1"]]
+    api.delete_stream("Tls")
+    disconnect(options)
+
+
+@pytest.mark.slow
+def test_secrets_never_reach_errors_logs_plans_progress_the_checkpoint_or_the_cli(tmp_path):
+    """Known secrets through every error path (each kind of credential, wrong ones, in the URL, a refused
+    connection, a malformed URL, a server without TLS): the exception, Spark's wrapped error, the driver
+    log (Spark at INFO) and the command line's output show the cause but never the secret."""
+    import json
+    import sys
+
+    import nkeys
+
+    from spark_jetstream.embedded import free_port
+    from spark_jetstream.errors import JetStreamError
+    from spark_jetstream.groups import partitioned_stream_config
+    from spark_jetstream.publish import publish_all
+
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    _, _, nkey_seed = _nkey(nkeys.PREFIX_BYTE_USER)
+    (keys / "user.nk").write_bytes(nkey_seed)
+    signer, _, _ = _nkey(nkeys.PREFIX_BYTE_ACCOUNT)
+    _, user_public, creds_seed = _nkey(nkeys.PREFIX_BYTE_USER)
+    creds_jwt = _jwt(signer, user_public, "stranger", _USER)
+    _creds(keys / "user.creds", creds_jwt, creds_seed)
+    password = "pw-Sekr1t-7731"
     with EmbeddedServer({"authorization": {"users": [{"user": "alice", "password": password}]}}, name="sec") as server:
-        options = ConnectionOptions(servers=(server.url,), user="alice", password=password)
-        secured = JetStreamApi(connect(options))
+        host, url = server.url.removeprefix("nats://"), server.url
+        refused = f"127.0.0.1:{free_port()}"
+        cases: dict[str, tuple[dict[str, str], str]] = {
+            "wrong-password": (
+                {"user": "alice", "password": "pw-Wr0ng-1"},
+                f"The NATS server at {url} refused the credentials (user/password): check the creds",
+            ),
+            "wrong-token": ({"token": "tok-Wr0ng-5582"}, f"The NATS server at {url} refused the credentials (token)"),
+            "password-in-url": (
+                {"servers": f"nats://alice:pw-InUrl-2@{host}"},
+                f"The NATS server at nats://alice:***@{host} refused the credentials (user/password in the servers "
+                "URL)",
+            ),
+            "token-in-url": (
+                {"servers": f"nats://tok-InUrl-3@{host}"},
+                f"The NATS server at nats://***@{host} refused the credentials (token in the servers URL)",
+            ),
+            "nkey": ({"nkey": str(keys / "user.nk")}, f"The NATS server at {url} refused the credentials (nkey)"),
+            "creds": ({"creds": str(keys / "user.creds")}, f"The NATS server at {url} refused the credentials (creds)"),
+            "refused": (
+                {"servers": f"nats://alice:pw-Refused-4@{refused}", "password": password, "connectTimeout": "1s"},
+                f"Cannot reach a NATS server at nats://alice:***@{refused} within 1s: the connection was refused",
+            ),
+            "bad-url": (
+                {"servers": f"nats//alice:pw-BadUrl-6@{host}", "token": "tok-BadUrl-7"},
+                f"Option 'servers' has an invalid value 'nats//alice:***@{host}': 'nats//alice:***@{host}' is "
+                "malformed",
+            ),
+            "no-tls": (
+                {"servers": f"tls://{host}", "user": "alice", "password": password},
+                f"The NATS server at tls://{host} offers no TLS, but TLS was asked for",
+            ),
+        }
+        secrets = [password, nkey_seed.decode(), creds_seed.decode(), creds_jwt]
+        secrets += ["pw-Wr0ng-1", "tok-Wr0ng-5582", "pw-InUrl-2", "tok-InUrl-3", "pw-Refused-4", "pw-BadUrl-6"]
+        secrets += ["tok-BadUrl-7"]
+        shown: list[str] = []
+
+        for name, (options, says) in cases.items():  # the connector's own exception
+            with pytest.raises(JetStreamError) as caught:
+                connect(ConnectionOptions.parse({"servers": url, **options}))
+            assert str(caught.value).startswith(says), name
+            shown += [str(caught.value), repr(caught.value)]
+
+        for name, (options, says) in cases.items():  # the command line
+            args = [f"--{key}={value}" for key, value in {"servers": url, **options}.items() if key != "connectTimeout"]
+            done = subprocess.run(
+                ["spark-jetstream", "status", "--stream", "Sec", "--group", "g", *args],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == 2 and done.stderr.startswith(f"error: {says[:40]}"), (name, done.stderr)
+            shown.append(done.stdout + done.stderr)
+
+        working = ConnectionOptions(servers=(url,), user="alice", password=password)
+        secured = JetStreamApi(connect(working))
         secured.create_stream(partitioned_stream_config("Sec", "sec.*", 2))
         publish_all(secured.conn, ((f"sec.k{i}", b"x", None) for i in range(200)))
-        checkpoint = tmp_path / "cp"
+        spec = {
+            "options": {"servers": url, "stream": "Sec", "group": "g", "user": "alice", "password": password},
+            "checkpoint": str(tmp_path / "cp"),
+            "failing": {name: {"servers": url, "stream": "Sec", "group": "g", **o} for name, (o, _) in cases.items()},
+        }
+        (keys / "spec.json").write_text(json.dumps(spec))
         job = Path(__file__).parent / "jobs" / "secret_job.py"
         done = subprocess.run(
-            [sys.executable, str(job), server.url, password, wrong_token, str(checkpoint)],
-            capture_output=True,
-            text=True,
-            timeout=300,
+            [sys.executable, str(job), str(keys / "spec.json")], capture_output=True, text=True, timeout=600
         )
-        disconnect(options)
+        disconnect(working)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
     assert "PLAN" in output and "EXPLAIN" in output and "numInputRows" in output
-    assert "refused the credentials" in output  # the failing query's error was printed
-    for secret in (password, wrong_token):
-        assert secret not in output
+    for name, (_, says) in cases.items():  # Spark's wrapped errors of batch and streaming reads
+        for kind in ("batch", "stream"):
+            after = output.split(f"ERROR {name} {kind} ", 1)
+            assert len(after) == 2 and says in after[1][:5000], (name, kind)
+    shown.append(output)
+    for secret in secrets:
+        for text in shown:
+            assert secret not in text, secret
         for path in tmp_path.rglob("*"):
-            if path.is_file():
+            if path.is_file() and keys not in path.parents:
                 assert secret.encode() not in path.read_bytes(), path
 
 

@@ -23,7 +23,7 @@ from spark_jetstream.publish import publish_all
 from spark_jetstream.rows import parse_headers
 from spark_jetstream.sink import read_marker
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("active_session")]
 
 JOB = Path(__file__).parent / "jobs" / "stream_to_jetstream.py"
 BUCKET = "spark-jetstream-commits"
@@ -68,15 +68,6 @@ def target(api: JetStreamApi, name: str, duplicate_window: float = 120.0, **extr
         {"name": name, "subjects": [f"{name.lower()}.>"], "duplicate_window": int(duplicate_window * _S), **extra}
     )
     return name
-
-
-@pytest.fixture(autouse=True)
-def active_session(spark, nats_server):
-    """Re-set the JVM's active session for this thread. Starting nats-server (``EmbeddedServer``) forks
-    from a helper thread with a ``preexec_fn``: the child runs Python's after-fork handlers, which close
-    py4j's connection of this thread, and the new connection's JVM thread has no active session, so
-    Spark's ``df.write`` lookup does not find Python data sources (DATA_SOURCE_NOT_FOUND)."""
-    spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
 
 
 @pytest.fixture

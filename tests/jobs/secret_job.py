@@ -1,32 +1,55 @@
 """Runs queries with secrets in their options and prints every place a secret could leak to.
 
-python tests/jobs/secret_job.py URL PASSWORD WRONG_TOKEN CHECKPOINT_DIR
+python tests/jobs/secret_job.py SPEC.json
+
+SPEC: ``{"options": <a working query's options>, "checkpoint": DIR, "failing": {name: options}}``. The
+working query runs (plan, progress, explain printed); then each failing option set is tried as a batch
+read and as a streaming read, and Spark's whole error is printed after ``ERROR <name> <kind>``. Spark
+logs at INFO to this process's stderr (the driver log).
 """
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 
+def error_text(exc: BaseException) -> str:
+    get_message = getattr(exc, "getMessage", None)
+    return get_message() if callable(get_message) else str(exc)
+
+
 def main() -> None:
-    url, password, wrong_token, checkpoint = sys.argv[1:5]
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    options, checkpoint = spec["options"], spec["checkpoint"]
     spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
     spark.sparkContext.setLogLevel("INFO")  # everything Spark logs goes to this process's stderr
-    options = {"servers": url, "stream": "Sec", "group": "g", "user": "alice", "password": password}
     df = spark.readStream.format("jetstream").options(**options).load()
     print("PLAN", df._jdf.queryExecution().toString())
     query = df.writeStream.format("noop").option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
     query.awaitTermination()
     print("PROGRESS", query.recentProgress)
     print("EXPLAIN", query._jsq.explainInternal(True))
-    bad = {**options, "password": None, "user": None, "token": wrong_token}
-    failing = spark.readStream.format("jetstream").options(**{k: v for k, v in bad.items() if v}).load()
-    try:
-        failing.writeStream.format("noop").option("checkpointLocation", checkpoint + "-2").start().awaitTermination(60)
-    except Exception as exc:
-        print("ERROR", exc.getMessage() if hasattr(exc, "getMessage") else exc)
+    for name, failing in spec["failing"].items():
+        try:
+            spark.read.format("jetstream").options(**failing).load().collect()
+        except Exception as exc:
+            print("ERROR", name, "batch", error_text(exc))
+        try:
+            started = (
+                spark.readStream.format("jetstream")
+                .options(**failing)
+                .load()
+                .writeStream.format("noop")
+                .option("checkpointLocation", f"{checkpoint}-{name}")
+                .start()
+            )
+            started.awaitTermination(60)
+        except Exception as exc:
+            print("ERROR", name, "stream", error_text(exc))
     spark.stop()
 
 
