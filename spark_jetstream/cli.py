@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from . import __version__
 from .connection import ConnectionOptions, connect
-from .errors import JetStreamError
+from .errors import JetStreamError, redact
 from .group_admin import change_members, create_group, delete_group, group_layout, load_group, status, step_down
 from .groups import (
     ELASTIC_BUCKET,
@@ -210,7 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except JetStreamError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        given = (getattr(args, "token", None), getattr(args, "password", None))  # belt and braces
+        print(f"error: {redact(str(exc), given)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -167,6 +167,13 @@ class _RawClient(_NatsClient):
         self._ps = FastParser(self)
         self.require_tls = require_tls
 
+    async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
+        """A server that offers TLS without requiring it (``allow_non_tls``) is asked for it: nats-py
+        upgrades when ``tls_required`` is set, and ``info`` is the dict it then looks at."""
+        if self.require_tls and info.get("tls_available"):
+            info["tls_required"] = True
+        await super()._process_info(info, initial_connection)
+
     def _connect_command(self) -> bytes:
         """nats-py switches to TLS only when the server's INFO asks for it, then builds CONNECT (which
         signs the nonce and carries the credentials) right before sending it: the last moment to check

@@ -167,6 +167,21 @@ def test_tls_asked_for_is_never_downgraded(path, how, plain_token_server, pki, s
     assert TOKEN not in shown
 
 
+def test_a_server_that_offers_tls_without_requiring_it_is_asked_for_it(pki):
+    """``allow_non_tls``: the server's INFO says tls_available; TLS asked for upgrades the connection."""
+    import json
+    import urllib.request
+
+    tls = {"cert_file": pki["server.pem"], "key_file": pki["server.key"]}
+    with EmbeddedServer({"tls": tls, "allow_non_tls": True}, name="mixed") as server:
+        options = ConnectionOptions(servers=(server.url,), tls_ca=pki["ca.pem"])
+        assert JetStreamApi(connect(options)).account_info()["type"].endswith("account_info_response")
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.monitor_port}/connz") as response:
+            connections = json.load(response)["connections"]
+        disconnect(options)
+    assert [c.get("tls_version") for c in connections if c.get("name") == "spark-jetstream"] == ["1.3"]
+
+
 @pytest.mark.slow
 def test_every_path_works_over_tls(tls_server, pki, spark, active_session, tmp_path):
     from spark_jetstream.groups import partitioned_stream_config
