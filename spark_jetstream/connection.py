@@ -423,10 +423,9 @@ def _explain(errors: list[BaseException], options: ConnectionOptions) -> str:
         )
     if (network := first(OSError)) is not None:
         return f"Cannot reach a NATS server at {servers} {within} ({detail(network)}): check the servers option."
-    return (
-        f"Connecting to the NATS server at {servers} failed ({type(errors[-1]).__name__}: {detail(errors[-1])}): "
-        "check the servers option and the connection options."
-    )
+    last = errors[-1]
+    what = f"{type(last).__name__}: {str(last).strip()}" if str(last).strip() else type(last).__name__
+    return f"Connecting to the NATS server at {servers} failed ({what}): check the servers and connection options."
 
 
 async def _open(options: ConnectionOptions) -> _RawClient:

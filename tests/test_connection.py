@@ -187,3 +187,21 @@ def test_too_old_server_is_refused_with_its_version(old_server_binary):
         with pytest.raises(ServerTooOldError, match=f"runs version {OLD_SERVER_VERSION}.*needs nats-server 2.14.5"):
             connect(ConnectionOptions(servers=(server.url,)))
         assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize(
+    ("error", "says"),
+    [
+        (RuntimeError(), "Connecting to the NATS server at nats://alice:***@h:4222 failed (RuntimeError): check the "
+         "servers and connection options."),
+        (RuntimeError("odd"), "Connecting to the NATS server at nats://alice:***@h:4222 failed (RuntimeError: odd): "
+         "check the servers and connection options."),
+        (TimeoutError(), "Cannot reach a NATS server at nats://alice:***@h:4222 within 5s: no answer (timed out): "
+         "check the servers option and firewalls; raise connectTimeout for a slow network."),
+    ],
+)  # fmt: skip
+def test_errors_without_a_message_still_get_a_sentence_naming_the_option(error, says):
+    """nats-py raises some errors with empty messages; no cause is ever explained by an empty sentence."""
+    from spark_jetstream.connection import _explain
+
+    assert _explain([error], ConnectionOptions(servers=("nats://alice:pw-9@h:4222",))) == says
