@@ -368,7 +368,7 @@ def _check_credential_files(options: ConnectionOptions) -> None:
             )
         if name == "creds" and not (_is_seed(blocks.get("USER NKEY SEED")) and "NATS USER JWT" in blocks):
             raise ConnectError(
-                f"The creds file {path!r} holds no user JWT and valid nkey seed: check the creds option (a "
+                f"The creds file {path!r} does not hold a user JWT and a valid nkey seed: check the creds option (a "
                 ".creds file as `nsc generate creds` writes it)."
             )
 

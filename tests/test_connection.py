@@ -133,8 +133,8 @@ def test_token_auth():
         (
             "creds",
             "-----BEGIN NATS USER JWT-----\neyJhbGciOi.e30.c2ln\n------END NATS USER JWT------\n",
-            "The creds file '{path}' holds no user JWT and valid nkey seed: check the creds option (a .creds file as "
-            "`nsc generate creds` writes it).",
+            "The creds file '{path}' does not hold a user JWT and a valid nkey seed: check the creds option (a .creds "
+            "file as `nsc generate creds` writes it).",
         ),
     ],
     ids=["creds-missing", "nkey-missing", "nkey-not-a-seed", "creds-without-seed"],
