@@ -25,7 +25,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from .connection import Connection, ConnectionOptions, connect
 from .errors import ApiError, DataLossError, GroupConfigError, OptionError, ReaderError
@@ -40,6 +39,7 @@ from .groups import (
 from .jsapi import NO_MESSAGE_FOUND, JetStreamApi
 from .options import BATCH_READ_OPTIONS, BATCH_READER_OPTIONS, READER_OPTIONS, parse_options
 from .rows import RowBuffer
+from .spark_compat import DataSourceReader, InputPartition
 
 log = logging.getLogger(__name__)
 

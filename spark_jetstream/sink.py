@@ -44,7 +44,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StringType, StructType
 
 from .connection import Connection, ConnectionOptions, connect
@@ -52,6 +52,7 @@ from .errors import ApiError, ConnectError, JetStreamError, OptionError, SchemaE
 from .jsapi import JetStreamApi
 from .options import SPARK_WRITE_OPTIONS, SUBJECT_PATTERN, WRITER_OPTIONS, parse_options
 from .publish import EXPECTED_STREAM_HEADER, MSG_ID_HEADER, Publisher, PublishError, header_lines
+from .spark_compat import DataSourceArrowWriter, StreamWriterBase, WriterCommitMessage, record_batches
 
 log = logging.getLogger(__name__)
 
@@ -462,15 +463,21 @@ class JetStreamBatchWriter(DataSourceArrowWriter):
         )
 
 
-class JetStreamStreamWriter(DataSourceStreamArrowWriter):
-    """``df.writeStream.format("jetstream")``: exactly-once with msg ids and KV markers (see module doc)."""
+class JetStreamStreamWriter(StreamWriterBase):  # type: ignore[misc,valid-type]
+    """``df.writeStream.format("jetstream")``: exactly-once with msg ids and KV markers (see module doc).
 
-    def __init__(self, config: SinkConfig, columns: Columns) -> None:
+    PySpark 4.0 passes rows instead of Arrow batches: ``input_schema`` turns them into batches.
+    """
+
+    def __init__(self, config: SinkConfig, columns: Columns, input_schema: pa.Schema) -> None:
         self.config = config
         self.columns = columns
+        self.input_schema = input_schema
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
+    def write(self, iterator: Iterator[Any]) -> WriteResult:
         from pyspark import TaskContext
+
+        iterator = record_batches(iterator, self.input_schema)
 
         context = TaskContext.get()
         query_id = context.getLocalProperty(QUERY_ID_PROPERTY)
@@ -532,4 +539,4 @@ def stream_writer(options: Mapping[str, str], schema: StructType) -> JetStreamSt
     config = SinkConfig.parse(options)
     columns = check_columns(schema, config)
     ensure_bucket(connect(config.connection), config.commit_bucket, config.commit_bucket_replicas)
-    return JetStreamStreamWriter(config, columns)
+    return JetStreamStreamWriter(config, columns, to_arrow_schema(schema))

@@ -9,19 +9,9 @@ pinned pull reader (executors); batch reads live in ``batch.py``, writes in ``si
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxBytes,
-    ReadMaxRows,
-    ReadMinRows,
-    SupportsTriggerAvailableNow,
-)
-from pyspark.sql.types import StructType
 
 from .batch import BATCH_ONLY_OPTIONS, BatchConfig, JetStreamBatchReader
 from .config import SourceConfig
@@ -34,6 +24,10 @@ from .planning import Limits
 from .pull import MemberRange, read_member
 from .rows import spark_schema_ddl
 from .sink import JetStreamBatchWriter, JetStreamStreamWriter, batch_writer, stream_writer
+from .spark_compat import STREAM_READER_BASES, DataSource, InputPartition, read_limit
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
 
 
 class MemberPartition(InputPartition):
@@ -83,19 +77,26 @@ class JetStreamDataSource(DataSource):
         return stream_writer(self.options, schema)
 
 
-class JetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
     """Micro-batches are seq ranges of the stream; each member of the group is one partition.
 
     Driver-side methods run on one instance in one long-lived process per query run and share
     a ``Coordinator``; ``read`` runs in executors on a pickled copy that never creates one.
+
+    PySpark 4.0 and 4.1 call ``latestOffset()`` without the batch start and a read limit: the
+    reader then starts from the last offset Spark showed it (the end of the last ``partitions``
+    call; on a restart Spark calls ``partitions(latest, latest)`` first) or, in a new query, from
+    its initial offset (Spark asks for it after the first ``latestOffset``), and applies the
+    configured limits itself.
     """
 
     def __init__(self, config: SourceConfig) -> None:
         self.config = config
         self._coordinator: Coordinator | None = None
+        self._position: dict[str, Any] | None = None  # the last offset Spark showed (PySpark < 4.2)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"config": self.config, "_coordinator": None}
+        return {"config": self.config, "_coordinator": None, "_position": None}
 
     @property
     def coordinator(self) -> Coordinator:
@@ -108,28 +109,29 @@ class JetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return Watermark.from_offset(offset, coordinator.stream, coordinator.created)
 
     def initialOffset(self) -> dict[str, Any]:
-        return self.coordinator.initial().to_offset()
+        if self._position is None:  # worked out once: PySpark < 4.2 also starts latestOffset from it
+            self._position = self.coordinator.initial().to_offset()
+        return self._position
 
-    def getDefaultReadLimit(self) -> ReadLimit:
-        if self.config.max_messages is not None:
-            return ReadMaxRows(self.config.max_messages)
-        if self.config.max_bytes is not None:
-            return ReadMaxBytes(self.config.max_bytes)
-        if self.config.min_messages is not None:
-            return ReadMinRows(self.config.min_messages)
-        return ReadAllAvailable()
+    def getDefaultReadLimit(self) -> Any:
+        config = self.config
+        return read_limit(config.max_messages, config.max_bytes, config.min_messages)
 
-    def _limits(self, limit: ReadLimit) -> Limits:
-        """Spark passes one limit (or ReadAllAvailable); the other configured limits apply too."""
-        if isinstance(limit, ReadAllAvailable):
+    def _limits(self, limit: Any) -> Limits:
+        """Spark passes one limit, ReadAllAvailable, or (PySpark < 4.2) none; the other configured
+        limits apply too. Read by field name: Spark's limit classes are dataclasses."""
+        if type(limit).__name__ == "ReadAllAvailable":
             return Limits()
+        config = self.config
         return Limits(
-            max_rows=limit.max_rows if isinstance(limit, ReadMaxRows) else self.config.max_messages,
-            max_bytes=limit.max_bytes if isinstance(limit, ReadMaxBytes) else self.config.max_bytes,
-            min_rows=limit.min_rows if isinstance(limit, ReadMinRows) else self.config.min_messages,
+            max_rows=getattr(limit, "max_rows", config.max_messages),
+            max_bytes=getattr(limit, "max_bytes", config.max_bytes),
+            min_rows=getattr(limit, "min_rows", config.min_messages),
         )
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+    def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
+        if start is None:  # PySpark < 4.2
+            start = self._position or self.initialOffset()
         return self.coordinator.latest(self._watermark(start), self._limits(limit)).to_offset()
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
@@ -139,6 +141,7 @@ class JetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.coordinator.prepare_available_now()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        self._position = end
         ranges = self.coordinator.plan(self._watermark(start), self._watermark(end))
         return [MemberPartition(member) for member in ranges]
 

@@ -1,0 +1,115 @@
+"""The connector's main uses, run with whatever PySpark this Python has (tests/test_spark_versions.py
+runs it in a venv per supported PySpark minor). Prints one JSON line with what it saw.
+
+python tests/jobs/compat_job.py --servers URL --stream S --group-prefix G --max M --out DIR --target PREFIX
+
+- ``capped``: a streaming read with ``maxMessagesPerTrigger=M`` into parquet, stopped after two
+  batches and restarted from its checkpoint until all ``--count`` rows are read (group ``G-capped``).
+- ``available_now`` and ``available_now_capped``: ``trigger(availableNow=True)`` without and with
+  the cap (groups ``G-now`` and ``G-nowcap``).
+- ``batch``: a bounded ``spark.read`` of seqs ``(10, 110]``.
+- ``write``: the stream copied into ``PREFIX.<token>`` subjects with its headers by a streaming
+  jetstream -> jetstream query (``availableNow``), run twice on one checkpoint (group ``G-copy``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import pyspark
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for name in ("servers", "stream", "group-prefix", "out", "target"):
+        parser.add_argument(f"--{name}", required=True)
+    parser.add_argument("--max", type=int, required=True)
+    parser.add_argument("--count", type=int, required=True)
+    args = parser.parse_args()
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+
+    def source(group: str, **options: object):
+        reader = (
+            spark.readStream.format("jetstream")
+            .option("servers", args.servers)
+            .option("stream", args.stream)
+            .option("group", f"{args.group_prefix}-{group}")
+        )
+        return reader.options(**{k: str(v) for k, v in options.items()}).load()
+
+    def to_parquet(name: str, df, trigger: dict):
+        return (
+            df.writeStream.format("parquet")
+            .option("path", f"{args.out}/{name}/out")
+            .option("checkpointLocation", f"{args.out}/{name}/cp")
+            .trigger(**trigger)
+            .start()
+        )
+
+    def input_rows(query) -> list[int]:
+        return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+
+    result: dict[str, object] = {"pyspark": pyspark.__version__}
+
+    batches: list[int] = []
+    for stop_after in (2, None):  # a first run, stopped, then a restart from the checkpoint
+        query = to_parquet("capped", source("capped", maxMessagesPerTrigger=args.max), {"processingTime": "0 seconds"})
+        deadline = time.monotonic() + 120
+        while query.isActive and time.monotonic() < deadline:
+            done = input_rows(query)
+            if (stop_after and len(done) >= stop_after) or sum(batches) + sum(done) >= args.count:
+                break
+            time.sleep(0.2)
+        query.stop()
+        if query.exception():
+            raise query.exception()
+        batches += input_rows(query)
+    result["capped"] = batches
+
+    for name, group, options in (
+        ("available_now", "now", {}),
+        ("available_now_capped", "nowcap", {"maxMessagesPerTrigger": args.max}),
+    ):
+        query = to_parquet(name, source(group, **options), {"availableNow": True})
+        query.awaitTermination(120)
+        result[name] = input_rows(query)
+
+    bounded = (
+        spark.read.format("jetstream")
+        .option("servers", args.servers)
+        .option("stream", args.stream)
+        .option("startingPosition", 11)
+        .option("endingPosition", 110)
+        .load()
+    )
+    bounded.write.parquet(f"{args.out}/batch/out")
+
+    copy = source("copy", includeHeaders="true").select(
+        F.concat(F.lit(f"{args.target}."), F.substring_index("subject", ".", -1)).alias("subject"), "data", "headers"
+    )
+    for _ in range(2):
+        query = (
+            copy.writeStream.format("jetstream")
+            .option("servers", args.servers)
+            .option("checkpointLocation", f"{args.out}/write/cp")
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+    result["write"] = "done"
+    spark.stop()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""The connector on every supported PySpark minor, and installed without PySpark.
+
+Each older PySpark runs in a venv of its own (kept between runs under ``SPARK_JETSTREAM_VENVS``,
+default ``~/.cache/spark-jetstream/venvs``; the JVM jars come with the PyPI package) into which
+the connector's wheel, built from this checkout, is installed. ``tests/jobs/compat_job.py`` runs
+the main uses there; this module checks their outcomes with the suite's own PySpark and server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from chispa import assert_df_equality
+from test_sink import stored
+from test_source import ack_floors, checkpoint_log, expected_rows
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).parent.parent
+JOB = Path(__file__).parent / "jobs" / "compat_job.py"
+OLDER_PYSPARKS = ("4.0.5", "4.1.4", "4.2.1")
+"""The newest patch of each supported minor before the suite's own (4.3)."""
+VENVS = Path(os.environ.get("SPARK_JETSTREAM_VENVS", Path.home() / ".cache" / "spark-jetstream" / "venvs"))
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The connector's wheel, built from this checkout."""
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    return next(out.glob("spark_jetstream-*.whl"))
+
+
+def pip(python: Path, *args: str) -> None:
+    done = subprocess.run([str(python), "-m", "pip", "install", "-q", *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def venv(name: str, *requirements: str) -> Path:
+    """The python of venv ``name``, made once with ``requirements``."""
+    python = VENVS / name / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(VENVS / name)], check=True)
+        pip(python, *requirements)
+    return python
+
+
+def pyspark_venv(version: str, wheel: Path) -> Path:
+    python = venv(f"pyspark-{version}", f"pyspark=={version}", "nats-py[nkeys]>=2.16,<2.17", "pyarrow>=15")
+    pip(python, "--no-deps", "--force-reinstall", str(wheel))
+    return python
+
+
+@pytest.mark.parametrize("version", OLDER_PYSPARKS)
+def test_streaming_batch_and_write_on_older_pyspark(version, wheel, spark, nats_server, api, make_stream, tmp_path):
+    python = pyspark_venv(version, wheel)
+    count, cap = 2000, 300
+    stream = make_stream(count, partitions=3, headers=True)
+    api.create_stream({"name": f"COPY_{stream.name}", "subjects": [f"copy{stream.name}.>"]})
+    done = subprocess.run(
+        [str(python), str(JOB), "--servers", nats_server.url, "--stream", stream.name, "--group-prefix", stream.group,
+         "--max", str(cap), "--count", str(count), "--out", str(tmp_path), "--target", f"copy{stream.name}"],
+        capture_output=True, text=True, timeout=600, cwd="/", env={**os.environ, "PYSPARK_PYTHON": str(python)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["pyspark"] == version
+
+    def output(name: str):
+        return spark.read.parquet(str(tmp_path / name / "out")).select("subject", "data", "seq", "partition")
+
+    everything = expected_rows(spark, stream)
+    # A capped streaming read, stopped and restarted: batches within the cap, every row once.
+    assert sum(seen["capped"]) == count and max(seen["capped"]) <= cap, seen["capped"]
+    assert_df_equality(output("capped"), everything, ignore_row_order=True, ignore_nullable=True)
+    offsets = checkpoint_log(tmp_path / "capped" / "cp", "offsets")
+    assert offsets[max(offsets)] == stream.last_seq
+    # Spark acks a batch while it plans the next: the last one is acked when the query next starts.
+    capped_floors = set(ack_floors(api, dataclasses.replace(stream, group=f"{stream.group}-capped")).values())
+    assert capped_floors <= set(offsets.values())
+
+    # availableNow reads what was there when it started: in batches within the cap on PySpark >= 4.2,
+    # in one batch before (Spark's single-batch fallback; the cap then bounds that one batch).
+    assert_df_equality(output("available_now"), everything, ignore_row_order=True, ignore_nullable=True)
+    # Before 4.2 Spark calls the source neither after that batch nor when the query stops: its ack
+    # waits for the next run (which acks at its first latestOffset).
+    now_floors = ack_floors(api, dataclasses.replace(stream, group=f"{stream.group}-now"))
+    assert set(now_floors.values()) == {stream.last_seq if version >= "4.2" else 0}
+    if version >= "4.2":
+        assert sum(seen["available_now_capped"]) == count and max(seen["available_now_capped"]) <= cap
+    else:
+        assert seen["available_now"] == [count]
+        assert seen["available_now_capped"] == [cap]
+
+    bounded = spark.createDataFrame(
+        [(s, p, seq, part) for seq, (s, p, _, part) in stream.messages.items() if 10 < seq <= 110],
+        "subject string, data binary, seq long, partition int",
+    )
+    assert_df_equality(output("batch"), bounded, ignore_row_order=True, ignore_nullable=True)
+
+    # The copy ran twice on one checkpoint: every message stored once, with its headers.
+    copied = stored(api, f"COPY_{stream.name}")
+    assert len(copied) == count
+    expected = sorted(
+        (f"copy{stream.name}.{subject.split('.')[-1]}", data, {k: [v] for k, v in headers.items()})
+        for subject, data, headers, _ in stream.messages.values()
+    )
+    got = sorted(
+        (subject, data, {k: v for k, v in h.items() if not k.startswith("Nats-")}) for _, subject, data, h in copied
+    )
+    assert got == expected
+
+
+def test_the_connector_installs_and_imports_without_pyspark_and_says_what_it_needs(wheel):
+    python = venv("no-pyspark", "pip>=23")
+    pip(python, "--force-reinstall", str(wheel))
+    listed = subprocess.run([str(python), "-m", "pip", "list"], capture_output=True, text=True, check=True).stdout
+    assert "pyspark" not in listed.lower()
+    probe = (
+        "import spark_jetstream\n"
+        "print('imported', spark_jetstream.__version__)\n"
+        "try:\n"
+        "    import pyspark_jetstream\n"
+        "except ImportError as exc:\n"
+        "    print('error', type(exc).__name__, exc)\n"
+    )
+    done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert "imported 0." in done.stdout
+    assert (
+        "error SparkVersionError spark-jetstream needs PySpark 4.0 or newer, and none is installed in this Python "
+        "environment: run it where Spark provides PySpark (Databricks, spark-submit), or pip install "
+        "'spark-jetstream[spark]'." in done.stdout
+    )
+
+
+def test_a_pyspark_older_than_4_is_named_with_the_version_needed(wheel, tmp_path):
+    """PySpark 3.5 stands in as its version number: the check reads nothing else."""
+    python = venv("no-pyspark", "pip>=23")
+    pip(python, "--force-reinstall", str(wheel))
+    (tmp_path / "pyspark").mkdir()
+    (tmp_path / "pyspark" / "__init__.py").write_text('__version__ = "3.5.8"\n')
+    done = subprocess.run(
+        [str(python), "-c", "import spark_jetstream; spark_jetstream.register(None)"],
+        capture_output=True, text=True, cwd="/", env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert (
+        "SparkVersionError: spark-jetstream needs PySpark 4.0 or newer (Python data sources), but PySpark 3.5.8 is "
+        "installed" in done.stderr
+    )
