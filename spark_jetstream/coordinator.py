@@ -346,12 +346,20 @@ class Coordinator:
         elif committed.seq > self._acked_through:
             self._reset_all(committed.seq)
 
+    def _removed_after(self, committed: int, floor: int) -> bool:
+        """Whether a message with ``committed < seq <= floor`` left the stream."""
+        state = self.api.stream_info(self.stream, deleted_details=True)["state"]
+        return state["first_seq"] > committed + 1 or any(committed < s <= floor for s in state.get("deleted") or ())
+
     def _reconcile(self, committed: int) -> None:
         self.ensure_consumers()
         retention = self.state().retention
         for member, info in self._consumer_infos().items():
             floor = info["ack_floor"]["stream_seq"] if info else 0
-            if floor > committed and retention != "limits":
+            # A floor also runs ahead over seqs its filter does not match (other members' messages):
+            # that is harmless while every message above the checkpoint is still there.
+            ahead = floor > committed and retention != "limits"
+            if ahead and self._removed_after(committed, floor):
                 raise DataLossError(
                     f"Member consumer {self.layout.consumer(member)!r} has acked up to seq {floor}, past the "
                     f"checkpoint's seq {committed}, and stream {self.stream!r} ({retention} retention) has "

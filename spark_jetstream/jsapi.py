@@ -105,8 +105,10 @@ class JetStreamApi:
     def account_info(self) -> dict[str, Any]:
         return self.call(("INFO",), None, "JetStream account info")
 
-    def stream_info(self, stream: str) -> dict[str, Any]:
-        return self.call(("STREAM", "INFO", stream), None, f"Stream {stream!r}", stream)
+    def stream_info(self, stream: str, deleted_details: bool = False) -> dict[str, Any]:
+        """Stream info; with ``deleted_details`` its state lists the removed seqs above ``first_seq``."""
+        body = {"deleted_details": True} if deleted_details else None
+        return self.call(("STREAM", "INFO", stream), body, f"Stream {stream!r}", stream)
 
     def stream_names(self) -> list[str]:
         names: list[str] = []

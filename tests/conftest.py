@@ -102,15 +102,20 @@ class PartitionedStream:
 @pytest.fixture
 def make_stream(api: JetStreamApi, conn: Connection) -> Iterator[Callable[..., PartitionedStream]]:
     """Factory: ``make_stream(count, partitions=4, headers=False)`` -> a filled ``PartitionedStream``
-    with a member consumer of ack policy ``consumers`` per partition."""
+    (of ``retention``) with a member consumer of ack policy ``consumers`` per partition."""
     created: list[str] = []
 
     def make(
-        count: int, partitions: int = 4, headers: bool = False, seed: int = 7, consumers: str = "explicit"
+        count: int,
+        partitions: int = 4,
+        headers: bool = False,
+        seed: int = 7,
+        consumers: str = "explicit",
+        retention: str = "limits",
     ) -> PartitionedStream:
         n = next(_names)
         stream = PartitionedStream(name=f"T{n}_{os.getpid()}", group=f"g{n}", partitions=partitions)
-        api.create_stream(partitioned_stream_config(stream.name, f"ev{n}.*", partitions))
+        api.create_stream(partitioned_stream_config(stream.name, f"ev{n}.*", partitions, retention=retention))
         created.append(stream.name)
         rng = random.Random(seed)
         batch = []

@@ -92,13 +92,17 @@ def test_stream_deleted_and_created_again_while_the_query_is_down_fails_clearly(
 JOB = Path(__file__).parent / "jobs" / "stream_to_parquet.py"
 
 
-@pytest.mark.parametrize("point", ["initial", "latest", "plan", "commit"])
+@pytest.mark.parametrize(
+    ("point", "retention"),
+    [("initial", "limits"), ("latest", "limits"), ("plan", "limits"), ("plan", "workqueue"), ("commit", "limits")],
+)
 def test_driver_killed_at_each_point_of_the_batch_cycle_restarts_exactly(
-    point, spark, nats_server, api, make_stream, tmp_path
+    point, retention, spark, nats_server, api, make_stream, tmp_path
 ):
     """``initial``: a new query before its first offset; ``latest``: after the sink committed a batch,
-    before the source acked it; ``plan``: the batch
-    is in the offset log but unread; ``commit``: some member floors moved, others not. (Mid-read is
+    before the source acked it; ``plan``: the batch is in the offset log but unread (on a WorkQueue
+    stream an early ack would delete it: the restart's ``partitions(latest, latest)`` must not ack);
+    ``commit``: some member floors moved, others not. (Mid-read is
     tests/test_source.py::test_driver_killed_mid_batch_restarts_exactly_once.)"""
     import os
     import signal
@@ -107,7 +111,7 @@ def test_driver_killed_at_each_point_of_the_batch_cycle_restarts_exactly(
 
     from chispa import assert_df_equality
 
-    stream = make_stream(3000, partitions=3)
+    stream = make_stream(3000, partitions=3, retention=retention)
     out, checkpoint, marker = tmp_path / "out", tmp_path / "cp", tmp_path / "reached"
     args = [sys.executable, str(JOB), "--servers", nats_server.url, "--stream", stream.name,
             "--group", stream.group, "--out", str(out), "--checkpoint", str(checkpoint),

@@ -488,7 +488,10 @@ def test_ack_floor_ahead_of_the_checkpoint_on_a_workqueue_stream_is_refused(spar
         _available_now(spark, nats_server.url, stream, tmp_path / "cp", maxMessagesPerTrigger=100).awaitTermination(60)
         assert api.stream_info("WQP")["state"]["messages"] == 0  # committed data left the work queue
         publish_all(api.conn, ((f"wqp.k{i}", b"y", None) for i in range(50)))  # seqs 301..350
-        api.conn.run(api.reset("WQP", "wg-0", 341))  # acked behind Spark's back: 301..340 are gone
+        # Acked behind Spark's back (a RESET forward, which leaves a work queue's messages, and the
+        # removal that acks of 301..340 would have made):
+        api.conn.run(api.reset("WQP", "wg-0", 341))
+        api.conn.run(api.purge_below("WQP", 341, "0.>"))
         query = _available_now(spark, nats_server.url, stream, tmp_path / "cp")
         with pytest.raises(Exception) as caught:
             query.awaitTermination(60)
