@@ -21,23 +21,17 @@ import json
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
 
 from .connection import Connection, ConnectionOptions, connect
-from .errors import ApiError, DataLossError, GroupConfigError, OptionError, ReaderError
-from .group_admin import find_group
-from .groups import (
-    GroupLayout,
-    derived_layout,
-    layout_from_config,
-    transform_partitions,
-    work_stream_name,
-)
+from .errors import ApiError, OptionError, ReaderError
+from .groups import transform_partitions
 from .jsapi import NO_MESSAGE_FOUND, JetStreamApi
 from .options import BATCH_READ_OPTIONS, BATCH_READER_OPTIONS, READER_OPTIONS, parse_options
+from .resolve import check_data_loss, resolve_layout, seq_at, start_after
 from .rows import RowBuffer
 from .spark_compat import DataSourceReader, InputPartition
 
@@ -78,9 +72,6 @@ class BatchConfig:
                     "member consumers. Remove it from spark.read."
                 )
         values = parse_options(raw, BATCH_READER_OPTIONS)
-        for first, second in (("startingPosition", "startingTimestamp"), ("endingPosition", "endingTimestamp")):
-            if _given(raw, first) and values[second] is not None:
-                raise OptionError(f"Set {first} or {second}, not both.")
         if values["startingPosition"] == "group" and not values["group"]:
             raise OptionError("startingPosition=group needs the group option: whose ack floor would it start at?")
         return cls(
@@ -98,10 +89,6 @@ class BatchConfig:
             direct_batch=values["directGetBatch"],
             record_batch_size=values["recordBatchSize"],
         )
-
-
-def _given(raw: Mapping[str, str], name: str) -> bool:
-    return any(key.lower() == name.lower() for key in raw)
 
 
 BATCH_ONLY_OPTIONS = frozenset(o.name for o in BATCH_READ_OPTIONS) - {o.name for o in READER_OPTIONS}
@@ -160,30 +147,11 @@ def _partitions_of(stream_config: dict[str, Any]) -> int | None:
     return counts.pop() if len(counts) == 1 and None not in counts else None
 
 
-def _group_layout(api: JetStreamApi, config: BatchConfig, stream_config: dict[str, Any]) -> GroupLayout:
-    """The group's layout as the streaming source resolves it: KV config (static, then elastic), else
-    the stream's partition transform."""
-    assert config.group is not None
-    found = find_group(api, config.stream, config.group)
-    if found is None:
-        return derived_layout(stream_config, config.group, config.members)
-    group = found[0]
-    stream = config.stream if group.kind == "static" else work_stream_name(config.stream, config.group)
-    return layout_from_config(stream, config.group, group)
-
-
-def _seq_at(api: JetStreamApi, stream: str, when: datetime, last_seq: int) -> int:
-    """The seq of the first message stored at or after ``when`` (``last_seq + 1`` if none)."""
-    stamp = when.astimezone(UTC).isoformat().replace("+00:00", "Z")
-    found = api.direct_get(stream, {"start_time": stamp})
-    return found.seq if found else last_seq + 1
-
-
 def plan(conn: Connection, config: BatchConfig) -> list[SeqRange]:
     """The ranges to read, fixed now: ``(start, end]`` split per filter subject and seq width."""
     api = JetStreamApi(conn)
     source = api.stream_info(config.stream)
-    layout = _group_layout(api, config, source["config"]) if config.group else None
+    layout = resolve_layout(api, source["config"], config.group, config.members) if config.group else None
     stream = layout.stream if layout else config.stream
     info = api.stream_info(stream) if stream != config.stream else source
     if not info["config"].get("allow_direct"):
@@ -192,18 +160,13 @@ def plan(conn: Connection, config: BatchConfig) -> list[SeqRange]:
             f"enable it with `nats stream edit {stream} --allow-direct`."
         )
     first_seq, last_seq = info["state"]["first_seq"], info["state"]["last_seq"]
-    start = _start(api, config, layout, first_seq, last_seq)
-    if first_seq > start + 1 and last_seq > start:
-        lost = f"seqs {start + 1}..{first_seq - 1}"
-        if config.fail_on_data_loss:
-            raise DataLossError(
-                f"Messages {lost} of stream {stream!r} were removed (retention limits or a purge): start later, or "
-                "set failOnDataLoss=false to read what is left."
-            )
-        log.warning("Messages %s of stream %s were removed; reading what is left", lost, stream)
+    start = start_after(
+        api, layout, stream, config.starting_position or "earliest", config.starting_timestamp, first_seq, last_seq
+    )
+    check_data_loss(stream, start, first_seq, last_seq, config.fail_on_data_loss)
     start = max(start, first_seq - 1)
     if config.ending_timestamp is not None:
-        end = _seq_at(api, stream, config.ending_timestamp, last_seq) - 1
+        end = seq_at(api, stream, config.ending_timestamp, last_seq) - 1
     elif config.ending_position == "latest":
         end = last_seq
     else:
@@ -237,32 +200,6 @@ def plan(conn: Connection, config: BatchConfig) -> list[SeqRange]:
             )
     log.info("Batch read of %s seqs (%d, %d]: %d partitions", stream, start, end, len(ranges))
     return ranges
-
-
-def _start(api: JetStreamApi, config: BatchConfig, layout: GroupLayout | None, first_seq: int, last_seq: int) -> int:
-    """The seq after which the read starts."""
-    stream = layout.stream if layout else config.stream
-    if config.starting_timestamp is not None:
-        return _seq_at(api, stream, config.starting_timestamp, last_seq) - 1
-    position = config.starting_position or "earliest"
-    if position == "earliest":
-        return first_seq - 1
-    if position == "latest":
-        return last_seq
-    if position == "group":
-        assert layout is not None
-        floors = []
-        for member in layout.member_names:
-            consumer = layout.consumer(member)
-            try:
-                floors.append(api.consumer_info(stream, consumer)["ack_floor"]["stream_seq"])  # read-only
-            except ApiError:
-                raise GroupConfigError(
-                    f"startingPosition=group, but group {config.group!r} has no member consumer {consumer!r} on "
-                    f"stream {stream!r}: start from earliest or a sequence."
-                ) from None
-        return min(floors)
-    return int(position) - 1
 
 
 # -- reading (executors) -------------------------------------------------------------------------

@@ -45,6 +45,14 @@ def _connection_args(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--{name}", help=f"the {name.replace('-', '.')} connection option")
 
 
+def _members_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--members",
+        type=int,
+        help="a group without a pcgroups config: the query's members option (default: as many as it made consumers)",
+    )
+
+
 def _api(args: argparse.Namespace) -> JetStreamApi:
     raw = {"servers": args.servers}
     for name in ("creds", "nkey", "token", "user", "password", "tls_ca", "tls_cert", "tls_key", "domain"):
@@ -124,7 +132,7 @@ def group_command(args: argparse.Namespace) -> int:
     elif action == "map":
         change_members(api, args.stream, args.group, mappings=_mappings(args.map or ()))
     elif action == "step-down":
-        step_down(api, args.stream, args.group, args.member)
+        step_down(api, args.stream, args.group, args.member, args.members)
         print(f"unpinned member {args.member!r}: its reader lost the pin")
         return 0
     _print_group(api, args.stream, args.group)
@@ -133,7 +141,7 @@ def group_command(args: argparse.Namespace) -> int:
 
 def status_command(args: argparse.Namespace) -> int:
     api = _api(args)
-    rows = status(api, args.stream, args.group)
+    rows = status(api, args.stream, args.group, args.members)
     header = (
         f"{'member':<12}{'consumer':<24}{'partitions':<16}{'pinned':<26}{'ack floor':>10}{'pending':>10}{'lag':>10}"
     )
@@ -195,12 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--map", nargs="+", help="explicit mappings, e.g. alice:0,1 bob:2,3")
         if action == "step-down":
             sub.add_argument("--member", required=True)
+            _members_arg(sub)
         sub.set_defaults(func=group_command)
 
     show = commands.add_parser("status", help="per member: partitions, pin holder, ack floor, pending and lag")
     _connection_args(show)
     show.add_argument("--stream", required=True)
     show.add_argument("--group", required=True)
+    _members_arg(show)
     show.set_defaults(func=status_command)
     return parser
 

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from .connection import ConnectionOptions
-from .errors import OptionError
 from .options import READER_OPTIONS, parse_options
 from .pull import PullSettings
 
@@ -35,8 +34,6 @@ class SourceConfig:
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> SourceConfig:
         values = parse_options(raw, READER_OPTIONS)
-        if values["startingPosition"] is not None and values["startingTimestamp"] is not None:
-            raise OptionError("Set startingPosition or startingTimestamp, not both.")
         return cls(
             connection=ConnectionOptions.from_options(values),
             pull=PullSettings.from_options(values),

@@ -26,21 +26,14 @@ from .errors import (
     DataLossError,
     GroupConfigError,
     OptionError,
-    StreamNotFoundError,
 )
-from .group_admin import find_group
-from .groups import (
-    GroupConfig,
-    GroupLayout,
-    derived_layout,
-    layout_from_config,
-    transform_partitions,
-)
+from .groups import GroupLayout
 from .jsapi import JetStreamApi
 from .offsets import Watermark
 from .options import ACK_POLICIES
 from .planning import Limits, batch_end
 from .pull import MemberRange
+from .resolve import check_data_loss, member_infos, resolve_layout, start_after
 
 log = logging.getLogger(__name__)
 
@@ -164,45 +157,10 @@ class Coordinator:
     # -- group ---------------------------------------------------------------------------------
 
     def resolve_layout(self) -> GroupLayout:
-        """The group's layout: its pcgroups config in KV (static, then elastic) if there is one,
-        else derived from the stream's partition transform."""
-        group, stream = self.config.group, self.source_stream
-        found = find_group(self.api, stream, group)
-        if found is None:
-            return derived_layout(self._source_config, group, self.config.members)
-        config = found[0]
-        if config.kind == "static":
-            self._check_static_stream(config)
-            return layout_from_config(stream, group, config)
-        return layout_from_config(self._ensure_work_stream(config), group, config)
-
-    def _check_static_stream(self, config: GroupConfig) -> None:
-        """A static group reads partition numbers from the stream's subjects: the stream must put them there."""
-        partitions = transform_partitions(self._source_config)
-        if partitions != config.max_members:
-            now = "has no partition transform" if partitions is None else f"makes {partitions} partitions"
-            raise GroupConfigError(
-                f"Static group {self.config.group!r} has max_members={config.max_members}, but stream "
-                f"{self.source_stream!r} {now}: a static group needs the partition number as the first subject "
-                "token, e.g. nats stream edit STREAM --transform-source 'orders.*' --transform-destination "
-                f"'{{{{partition({config.max_members},1)}}}}.orders.{{{{wildcard(1)}}}}', or use an elastic group."
-            )
-
-    def _ensure_work_stream(self, config: GroupConfig) -> str:
-        """The elastic group's WorkQueue stream, created from the group config when missing."""
-        wanted = config.work_stream_config(self._source_config, self.config.group)
-        try:
-            info = self.api.stream_info(wanted["name"])
-        except StreamNotFoundError:
-            log.info("Creating the work stream %s of elastic group %s", wanted["name"], self.config.group)
-            self.api.create_stream(wanted)
-            return wanted["name"]
-        if info["config"].get("retention") != "workqueue":
-            raise GroupConfigError(
-                f"Stream {wanted['name']!r} exists but is not a WorkQueue stream, so it cannot be the work stream "
-                f"of elastic group {self.config.group!r}: delete it or rename the group."
-            )
-        return wanted["name"]
+        """The group's layout (``resolve.resolve_layout``); an elastic group's work stream is made when missing."""
+        return resolve_layout(
+            self.api, self._source_config, self.config.group, self.config.members, create_work_stream=True
+        )
 
     def _check_ack_policy(self) -> None:
         """``ackPolicy=none`` makes delivery count as the ack: only a Limits stream then keeps the
@@ -296,21 +254,7 @@ class Coordinator:
         )
 
     def _consumer_infos(self) -> dict[str, dict[str, Any] | None]:
-        async def gather() -> list[Any]:
-            calls = [
-                self.api.consumer_info_async(self.stream, self.layout.consumer(m)) for m in self.layout.member_names
-            ]
-            return await asyncio.gather(*calls, return_exceptions=True)
-
-        infos: dict[str, dict[str, Any] | None] = {}
-        for member, info in zip(self.layout.member_names, self.conn.run(gather()), strict=True):
-            if isinstance(info, ConsumerNotFoundError):
-                infos[member] = None
-            elif isinstance(info, BaseException):
-                raise info
-            else:
-                infos[member] = info
-        return infos
+        return member_infos(self.api, self.layout)
 
     # -- ack floors ----------------------------------------------------------------------------
 
@@ -385,29 +329,18 @@ class Coordinator:
         """Where a new query starts (no checkpoint yet)."""
         fault_point("initial")  # a new query, nothing in its checkpoint yet
         state = self.state(fresh=True)
-        position = self.config.starting_position
-        if self.config.starting_timestamp is not None:
-            when = self.config.starting_timestamp.astimezone(UTC).isoformat().replace("+00:00", "Z")
-            found = self.api.direct_get(self.stream, {"start_time": when})
-            return self.watermark((found.seq if found else state.last_seq + 1) - 1)
-        if position is None:
-            infos = self._consumer_infos()
-            position = "group" if infos and all(infos.values()) else "earliest"
-        if position == "earliest":
-            return self.watermark(state.first_seq - 1)
-        if position == "latest":
-            return self.watermark(state.last_seq)
-        if position == "group":
-            infos = self._consumer_infos()
-            missing = [self.layout.consumer(m) for m, info in infos.items() if info is None]
-            if missing:
-                raise GroupConfigError(
-                    f"startingPosition=group, but group {self.config.group!r} has no member consumer "
-                    f"{', '.join(missing)} on stream {self.stream!r}: create the group or start from "
-                    "earliest/latest."
-                )
-            return self.watermark(min(info["ack_floor"]["stream_seq"] for info in infos.values()))
-        return self.watermark(int(position) - 1)
+        config = self.config
+        return self.watermark(
+            start_after(
+                self.api,
+                self.layout,
+                self.stream,
+                config.starting_position,
+                config.starting_timestamp,
+                state.first_seq,
+                state.last_seq,
+            )
+        )
 
     def prepare_available_now(self) -> None:
         self._available_now_cap = self.state(fresh=True).last_seq
@@ -432,15 +365,7 @@ class Coordinator:
         return self.watermark(end)
 
     def _check_data_loss(self, start: Watermark, state: StreamState) -> None:
-        if state.first_seq <= start.seq + 1 or state.last_seq <= start.seq:
-            return
-        lost = f"seqs {start.seq + 1}..{state.first_seq - 1}"
-        if self.config.fail_on_data_loss:
-            raise DataLossError(
-                f"Messages {lost} of stream {self.stream!r} were removed (retention limits or a purge) before "
-                "the query read them. Set failOnDataLoss=false to skip them, or raise the stream's limits."
-            )
-        log.warning("Skipping messages %s of stream %s: removed before they were read", lost, self.stream)
+        check_data_loss(self.stream, start.seq, state.first_seq, state.last_seq, self.config.fail_on_data_loss)
 
     def plan(self, start: Watermark, end: Watermark) -> list[MemberRange]:
         """One range per member with messages in ``(start, end]``; membership changes apply here.

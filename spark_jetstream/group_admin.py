@@ -8,7 +8,6 @@ and ``status`` commands are thin wrappers over these functions.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -17,22 +16,16 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from .errors import ConsumerNotFoundError, GroupConfigError, StreamNotFoundError
-from .groups import (
-    ELASTIC_BUCKET,
-    STATIC_BUCKET,
-    GroupConfig,
-    GroupLayout,
-    derived_layout,
-    layout_from_config,
-    member_consumer_name,
-    transform_partitions,
-    work_stream_name,
-)
+from .groups import ELASTIC_BUCKET, GroupConfig, GroupLayout, member_consumer_name, work_stream_name
 from .jsapi import PRIORITY_GROUP, JetStreamApi
-
-
-def _key(stream: str, group: str) -> str:
-    return f"{stream}.{group}"
+from .resolve import (
+    check_static_stream,
+    derived_member_count,
+    find_group,
+    group_key,
+    no_group_error,
+    resolve_layout,
+)
 
 
 async def _bucket(api: JetStreamApi, bucket: str, create: bool, replicas: int = 1) -> Any:
@@ -45,53 +38,25 @@ async def _bucket(api: JetStreamApi, bucket: str, create: bool, replicas: int = 
         return await js.create_key_value(KeyValueConfig(bucket=bucket, replicas=replicas, storage=StorageType.FILE))
 
 
-def find_group(api: JetStreamApi, stream: str, group: str) -> tuple[GroupConfig, int] | None:
-    """The group's pcgroups config (static bucket first, then elastic) and its KV revision, or None.
-
-    Read with STREAM.MSG.GET from the bucket's leader, so a config just written is seen.
-    """
-    key = _key(stream, group)
-    for bucket, kind in ((STATIC_BUCKET, "static"), (ELASTIC_BUCKET, "elastic")):
-        try:
-            entry = api.last_message(f"KV_{bucket}", f"$KV.{bucket}.{key}")
-        except StreamNotFoundError:  # no such bucket
-            continue
-        if entry is None or entry.headers.get("KV-Operation") in ("DEL", "PURGE"):
-            continue
-        return GroupConfig.from_json(kind, entry.data, f"group config {key} in KV bucket {bucket}"), entry.seq
-    return None
-
-
-def _no_group(stream: str, group: str) -> GroupConfigError:
-    return GroupConfigError(
-        f"There is no group {group!r} on stream {stream!r}: create it with "
-        f"`spark-jetstream group create --stream {stream} --group {group} ...`."
-    )
-
-
 def load_group(api: JetStreamApi, stream: str, group: str) -> tuple[GroupConfig, int]:
     """The group's config and its KV revision; ``GroupConfigError`` when there is none."""
     found = find_group(api, stream, group)
     if found is None:
-        raise _no_group(stream, group)
+        raise no_group_error(stream, group)
     return found
 
 
 def create_group(api: JetStreamApi, stream: str, group: str, config: GroupConfig) -> GroupConfig:
     """Store a new group config (refusing to overwrite one) and, for an elastic group, its work stream."""
-    config.validate(f"group config {_key(stream, group)}")
+    config.validate(f"group config {group_key(stream, group)}")
     source = api.stream_info(stream)["config"]
-    if config.kind == "static" and transform_partitions(source) != config.max_members:
-        raise GroupConfigError(
-            f"Stream {stream!r} does not put a partition number 0..{config.max_members - 1} first in its subjects "
-            f"(its subject transform must start with {{{{partition({config.max_members},...)}}}}): a static group "
-            "reads partitions from the subject. Fix the stream's transform or create an elastic group."
-        )
+    if config.kind == "static":
+        check_static_stream(source, group, config.max_members)
 
     async def store() -> None:
         kv = await _bucket(api, config.bucket, create=True, replicas=source.get("num_replicas", 1))
         try:
-            await kv.create(_key(stream, group), json.dumps(config.to_json()).encode())
+            await kv.create(group_key(stream, group), json.dumps(config.to_json()).encode())
         except KeyWrongLastSequenceError:
             raise GroupConfigError(
                 f"Group {group!r} on stream {stream!r} already exists: delete it first or change it with add/drop/map."
@@ -112,7 +77,7 @@ def delete_group(api: JetStreamApi, stream: str, group: str) -> None:
 
     async def forget() -> None:
         kv = await _bucket(api, config.bucket, create=False)
-        await kv.delete(_key(stream, group))
+        await kv.delete(group_key(stream, group))
 
     api.conn.run(forget())
     if config.kind == "elastic":
@@ -147,12 +112,12 @@ def change_members(
             raise GroupConfigError(f"Group {group!r} uses member mappings: change them with `group map`, not add/drop.")
         members = [m for m in dict.fromkeys((*config.members, *add)) if m not in drop]
         changed = GroupConfig(**{**config.__dict__, "members": tuple(members)})
-    changed.validate(f"new config of group {_key(stream, group)}")
+    changed.validate(f"new config of group {group_key(stream, group)}")
 
     async def update() -> None:
         kv = await _bucket(api, ELASTIC_BUCKET, create=False)
         try:
-            await kv.update(_key(stream, group), json.dumps(changed.to_json()).encode(), last=revision)
+            await kv.update(group_key(stream, group), json.dumps(changed.to_json()).encode(), last=revision)
         except KeyWrongLastSequenceError:
             raise GroupConfigError(f"Group {group!r} changed while it was being updated: try again.") from None
 
@@ -160,24 +125,18 @@ def change_members(
     return changed
 
 
-def group_layout(api: JetStreamApi, stream: str, group: str) -> GroupLayout:
-    """The layout of the group's pcgroups config or, without one, the layout the source derived from
-    the stream's partition transform (recognised by its member consumers ``<group>-0..M-1``)."""
-    found = find_group(api, stream, group)
-    if found is not None:
-        config = found[0]
-        read = work_stream_name(stream, group) if config.kind == "elastic" else stream
-        return layout_from_config(read, group, config)
-    names = set(api.consumer_names(stream))
-    members = next(i for i in itertools.count() if member_consumer_name(group, str(i)) not in names)
-    if not members:
-        raise _no_group(stream, group)
-    return derived_layout(api.stream_info(stream)["config"], group, members)
+def group_layout(api: JetStreamApi, stream: str, group: str, members: int | None = None) -> GroupLayout:
+    """The layout a query reads (``resolve.resolve_layout``). A group derived from the stream's partition
+    transform has the members the query was given: ``members``, else as many as it made member consumers."""
+    source = api.stream_info(stream)["config"]
+    if members is None and find_group(api, stream, group) is None:
+        members = derived_member_count(api, source, group)
+    return resolve_layout(api, source, group, members)
 
 
-def step_down(api: JetStreamApi, stream: str, group: str, member: str) -> None:
+def step_down(api: JetStreamApi, stream: str, group: str, member: str, members: int | None = None) -> None:
     """Unpin a member's consumer: its current reader loses the pin (a standby may take over)."""
-    layout = group_layout(api, stream, group)
+    layout = group_layout(api, stream, group, members)
     if member not in layout.member_names:
         raise GroupConfigError(f"{member!r} is not a member of group {group!r}: members are {layout.member_names}.")
     api.conn.run(api.unpin(layout.stream, layout.consumer(member), PRIORITY_GROUP))
@@ -196,9 +155,9 @@ class MemberStatus:
     lag: int
 
 
-def status(api: JetStreamApi, stream: str, group: str, layout: GroupLayout | None = None) -> list[MemberStatus]:
+def status(api: JetStreamApi, stream: str, group: str, members: int | None = None) -> list[MemberStatus]:
     """Per member: partitions, pin holder, ack floor, pending messages, and lag behind the stream's last seq."""
-    layout = layout or group_layout(api, stream, group)
+    layout = group_layout(api, stream, group, members)
     last_seq = api.stream_info(layout.stream)["state"]["last_seq"]
     rows = []
     for member in layout.members:

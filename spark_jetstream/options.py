@@ -283,8 +283,15 @@ def parse_options(raw: Mapping[str, str], allowed: Iterable[Option]) -> dict[str
             hint = f" Did you mean {by_lower[close[0].lower()].name!r}?" if close else ""
             raise OptionError(f"Unknown option {key!r}.{hint} Valid options: {', '.join(sorted(names))}.")
         values[option.name] = option.convert(str(raw_value))
+    for first, second in _EXCLUSIVE:
+        if first.lower() in given and second.lower() in given:
+            raise OptionError(f"Set {first} or {second}, not both.")
     _check_ranges(values)
     return values
+
+
+_EXCLUSIVE = (("startingPosition", "startingTimestamp"), ("endingPosition", "endingTimestamp"))
+"""Pairs of options that say the same thing two ways: a read takes one of each."""
 
 
 def _check_ranges(values: Mapping[str, Any]) -> None:

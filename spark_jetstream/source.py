@@ -52,9 +52,6 @@ class JetStreamDataSource(DataSource):
 
     def schema(self) -> str:
         values = parse_options(self.options, LOAD_OPTIONS)
-        for first, second in (("startingPosition", "startingTimestamp"), ("endingPosition", "endingTimestamp")):
-            if values[second] is not None and any(key.lower() == first.lower() for key in self.options):
-                raise OptionError(f"Set {first} or {second}, not both.")
         return spark_schema_ddl(values["includeHeaders"])
 
     def streamReader(self, schema: StructType) -> JetStreamStreamReader:
