@@ -30,7 +30,7 @@ from .connection import Connection, ConnectionOptions, connect
 from .errors import ApiError, OptionError, ReaderError
 from .groups import transform_partitions
 from .jsapi import NO_MESSAGE_FOUND, JetStreamApi
-from .options import BATCH_READ_OPTIONS, BATCH_READER_OPTIONS, READER_OPTIONS, parse_options
+from .options import BATCH, config_values, default_of, parse_options
 from .resolve import check_data_loss, resolve_layout, seq_at, start_after
 from .rows import RowBuffer
 from .spark_compat import DataSourceReader, InputPartition
@@ -44,7 +44,10 @@ _LAGGING_RETRIES = 50
 
 @dataclass(frozen=True)
 class BatchConfig:
-    """Everything ``spark.read.format("jetstream")`` was told. Picklable; secrets stay out of repr."""
+    """Everything ``spark.read.format("jetstream")`` was told. Picklable; secrets stay out of repr.
+
+    Field defaults and the option each field comes from are in ``options.OPTIONS``.
+    """
 
     connection: ConnectionOptions
     stream: str
@@ -52,47 +55,20 @@ class BatchConfig:
     members: int | None = None
     starting_position: str | int | None = None
     starting_timestamp: datetime | None = None
-    ending_position: str | int = "latest"
+    ending_position: str | int = default_of("endingPosition")
     ending_timestamp: datetime | None = None
-    fail_on_data_loss: bool = True
-    include_headers: bool = False
-    max_range: int = 1_000_000
-    direct_batch: int = 10_000
-    record_batch_size: int = 10_000
+    fail_on_data_loss: bool = default_of("failOnDataLoss")
+    include_headers: bool = default_of("includeHeaders")
+    max_range: int = default_of("maxRangePerPartition")
+    direct_batch: int = default_of("directGetBatch")
+    record_batch_size: int = default_of("recordBatchSize")
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> BatchConfig:
-        batch_names = {o.name.lower() for o in BATCH_READER_OPTIONS}
-        streaming_only = {o.name.lower(): o.name for o in READER_OPTIONS if o.name.lower() not in batch_names}
-        for key in raw:
-            name = streaming_only.get(key.lower())
-            if name is not None:
-                raise OptionError(
-                    f"Option {name!r} applies to spark.readStream only: a batch read has no micro-batches or "
-                    "member consumers. Remove it from spark.read."
-                )
-        values = parse_options(raw, BATCH_READER_OPTIONS)
+        values = parse_options(raw, BATCH)
         if values["startingPosition"] == "group" and not values["group"]:
             raise OptionError("startingPosition=group needs the group option: whose ack floor would it start at?")
-        return cls(
-            connection=ConnectionOptions.from_options(values),
-            stream=values["stream"],
-            group=values["group"],
-            members=values["members"],
-            starting_position=values["startingPosition"],
-            starting_timestamp=values["startingTimestamp"],
-            ending_position=values["endingPosition"],
-            ending_timestamp=values["endingTimestamp"],
-            fail_on_data_loss=values["failOnDataLoss"],
-            include_headers=values["includeHeaders"],
-            max_range=values["maxRangePerPartition"],
-            direct_batch=values["directGetBatch"],
-            record_batch_size=values["recordBatchSize"],
-        )
-
-
-BATCH_ONLY_OPTIONS = frozenset(o.name for o in BATCH_READ_OPTIONS) - {o.name for o in READER_OPTIONS}
-"""Options that make sense for spark.read only (a streaming query refuses them by name)."""
+        return cls(connection=ConnectionOptions.from_options(values), **config_values(cls, values))
 
 
 @dataclass(frozen=True)
@@ -105,8 +81,8 @@ class SeqRange:
     end: int
     partitioned: bool
     include_headers: bool = False
-    direct_batch: int = 10_000
-    record_batch_size: int = 10_000
+    direct_batch: int = default_of("directGetBatch")
+    record_batch_size: int = default_of("recordBatchSize")
 
 
 class RangePartition(InputPartition):

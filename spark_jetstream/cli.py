@@ -21,6 +21,7 @@ from .groups import (
     PartitioningFilter,
 )
 from .jsapi import JetStreamApi
+from .options import CONNECTION_OPTIONS, Option
 
 
 def demo_command(args: argparse.Namespace) -> int:
@@ -39,10 +40,18 @@ def demo_command(args: argparse.Namespace) -> int:
     )
 
 
+def _flag(option: Option) -> str:
+    """``connectTimeout`` -> ``connect-timeout``, ``tls.ca`` -> ``tls-ca``."""
+    return "".join(f"-{c.lower()}" if c.isupper() else c for c in option.name.replace(".", "-"))
+
+
 def _connection_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--servers", default="nats://127.0.0.1:4222", help="NATS server URLs, comma-separated")
-    for name in ("creds", "nkey", "token", "user", "password", "tls-ca", "tls-cert", "tls-key", "domain"):
-        parser.add_argument(f"--{name}", help=f"the {name.replace('-', '.')} connection option")
+    for option in CONNECTION_OPTIONS:
+        parser.add_argument(f"--{_flag(option)}", dest=option.attr, help=option.doc.replace("%", "%%"))
+
+
+def _secrets(args: argparse.Namespace) -> tuple[str | None, ...]:
+    return tuple(getattr(args, option.attr, None) for option in CONNECTION_OPTIONS if option.secret)
 
 
 def _members_arg(parser: argparse.ArgumentParser) -> None:
@@ -54,10 +63,7 @@ def _members_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def _api(args: argparse.Namespace) -> JetStreamApi:
-    raw = {"servers": args.servers}
-    for name in ("creds", "nkey", "token", "user", "password", "tls_ca", "tls_cert", "tls_key", "domain"):
-        if getattr(args, name, None):
-            raw[name.replace("_", ".")] = getattr(args, name)
+    raw = {o.name: getattr(args, o.attr) for o in CONNECTION_OPTIONS if getattr(args, o.attr, None) is not None}
     return JetStreamApi(connect(ConnectionOptions.parse(raw)))
 
 
@@ -220,8 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except JetStreamError as exc:
-        given = (getattr(args, "token", None), getattr(args, "password", None))  # belt and braces
-        print(f"error: {redact(str(exc), given)}", file=sys.stderr)
+        print(f"error: {redact(str(exc), _secrets(args))}", file=sys.stderr)  # belt and braces
         return 2
     except KeyboardInterrupt:
         return 130

@@ -7,13 +7,16 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from .connection import ConnectionOptions
-from .options import READER_OPTIONS, parse_options
+from .options import STREAM, config_values, default_of, parse_options
 from .pull import PullSettings
 
 
 @dataclass(frozen=True)
 class SourceConfig:
-    """Everything ``spark.readStream.format("jetstream")`` was told. Picklable; secrets stay out of repr."""
+    """Everything ``spark.readStream.format("jetstream")`` was told. Picklable; secrets stay out of repr.
+
+    Field defaults and the option each field comes from are in ``options.OPTIONS``.
+    """
 
     connection: ConnectionOptions
     pull: PullSettings
@@ -23,31 +26,19 @@ class SourceConfig:
     starting_position: str | int | None = None
     starting_timestamp: datetime | None = None
     max_messages: int | None = None
-    max_bytes: int | None = None
+    max_bytes_per_trigger: int | None = None
     min_messages: int | None = None
-    max_trigger_delay: float = 900.0
-    fail_on_data_loss: bool = True
-    include_headers: bool = False
-    ack_wait: float = 3600.0
-    ack_policy: str = "explicit"
+    max_trigger_delay: float = default_of("maxTriggerDelay")
+    fail_on_data_loss: bool = default_of("failOnDataLoss")
+    include_headers: bool = default_of("includeHeaders")
+    ack_wait: float = default_of("ackWait")
+    ack_policy: str = default_of("ackPolicy")
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> SourceConfig:
-        values = parse_options(raw, READER_OPTIONS)
+        values = parse_options(raw, STREAM)
         return cls(
             connection=ConnectionOptions.from_options(values),
             pull=PullSettings.from_options(values),
-            stream=values["stream"],
-            group=values["group"],
-            members=values["members"],
-            starting_position=values["startingPosition"],
-            starting_timestamp=values["startingTimestamp"],
-            max_messages=values["maxMessagesPerTrigger"],
-            max_bytes=values["maxBytesPerTrigger"],
-            min_messages=values["minMessagesPerTrigger"],
-            max_trigger_delay=values["maxTriggerDelay"],
-            fail_on_data_loss=values["failOnDataLoss"],
-            include_headers=values["includeHeaders"],
-            ack_wait=values["ackWait"],
-            ack_policy=values["ackPolicy"],
+            **config_values(cls, values),
         )

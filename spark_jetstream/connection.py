@@ -29,7 +29,7 @@ from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from .errors import ConnectError, JetStreamError, ServerTooOldError, redact
-from .options import CONNECTION_OPTIONS, parse_options
+from .options import CONNECTION_OPTIONS, config_values, default_of, parse_options
 from .protocol import BulkHandler, FastParser, RawHandler, wire
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ MIN_SERVER_VERSION = (2, 14, 5)
 class ConnectionOptions:
     """Where and how to connect. Hashable: it is the connection cache key. Secrets stay out of repr."""
 
-    servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
+    servers: tuple[str, ...] = default_of("servers")
     creds: str | None = None
     nkey: str | None = None
     token: str | None = field(default=None, repr=False)
@@ -57,18 +57,12 @@ class ConnectionOptions:
     tls_cert: str | None = None
     tls_key: str | None = None
     domain: str | None = None
-    connect_timeout: float = 5.0
+    connect_timeout: float = default_of("connectTimeout")
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> ConnectionOptions:
         """Build from parsed option values (see ``options.CONNECTION_OPTIONS``)."""
-        by_attr = {f.name: f.name for f in fields(cls)}
-        kwargs = {}
-        for name, value in options.items():
-            attr = re.sub(r"(?<!^)(?=[A-Z])", "_", name.replace(".", "_")).lower()
-            if attr in by_attr:
-                kwargs[attr] = value
-        return cls(**kwargs)
+        return cls(**config_values(cls, options))
 
     @classmethod
     def parse(cls, raw: dict[str, str]) -> ConnectionOptions:

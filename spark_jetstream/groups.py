@@ -15,11 +15,11 @@ from typing import Any
 
 from .errors import GroupConfigError
 from .jsapi import PRIORITY_GROUP
-from .options import DEFAULT_PRIORITY_TIMEOUT
+from .options import DEFAULT_PRIORITY_TIMEOUT, default_of
 
 _NS = 1_000_000_000
 
-DEFAULT_ACK_WAIT = 3600.0
+DEFAULT_ACK_WAIT: float = default_of("ackWait")
 """Seconds. Nothing is acked while Spark works on a batch; redelivery must not kick in meanwhile."""
 
 

@@ -37,6 +37,7 @@ from .errors import (
     StreamNotFoundError,
 )
 from .jsapi import PRIORITY_GROUP, PRIORITY_GROUP_UNKNOWN, JetStreamApi
+from .options import config_values, default_of
 from .protocol import BulkHandler
 from .rows import RowBuffer
 
@@ -56,24 +57,17 @@ T = TypeVar("T")
 class PullSettings:
     """Pull tuning (options ``pullBatchSize``, ``pullsInFlight``, ``pullExpires``, ...)."""
 
-    batch: int = 1000
-    in_flight: int = 4
-    expires: float = 5.0
-    idle_heartbeat: float = 1.0
-    record_batch_size: int = 10_000
-    max_bytes: int = 4 * 1024 * 1024
+    batch: int = default_of("pullBatchSize")
+    in_flight: int = default_of("pullsInFlight")
+    expires: float = default_of("pullExpires")
+    idle_heartbeat: float = default_of("pullIdleHeartbeat")  # parse_options keeps it at most expires / 2
+    record_batch_size: int = default_of("recordBatchSize")
+    max_bytes: int = default_of("pullMaxBytes")
     record_batch_bytes: int = 32 * 1024 * 1024
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> PullSettings:
-        return cls(
-            batch=options["pullBatchSize"],
-            in_flight=options["pullsInFlight"],
-            expires=options["pullExpires"],
-            idle_heartbeat=min(options["pullIdleHeartbeat"], options["pullExpires"] / 2),
-            record_batch_size=options["recordBatchSize"],
-            max_bytes=options["pullMaxBytes"],
-        )
+        return cls(**config_values(cls, options))
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StringTy
 from .connection import Connection, ConnectionOptions, connect
 from .errors import ApiError, ConnectError, JetStreamError, OptionError, SchemaError, StreamNotFoundError
 from .jsapi import JetStreamApi
-from .options import SPARK_WRITE_OPTIONS, SUBJECT_PATTERN, WRITER_OPTIONS, parse_options
+from .options import SUBJECT_PATTERN, WRITE, config_values, default_of, parse_options
 from .publish import EXPECTED_STREAM_HEADER, MSG_ID_HEADER, Publisher, PublishError, header_lines
 from .spark_compat import DataSourceArrowWriter, StreamWriterBase, WriterCommitMessage, record_batches
 
@@ -77,26 +77,17 @@ class SinkConfig:
 
     connection: ConnectionOptions
     subject: str | None = None
-    deduplicate: bool = True
+    deduplicate: bool = default_of("deduplicate")
     expected_stream: str | None = None
-    commit_bucket: str = "spark-jetstream-commits"
-    commit_bucket_replicas: int = 1
-    window: int = 4000
-    timeout: float = 30.0
+    commit_bucket: str = default_of("commitBucket")
+    commit_bucket_replicas: int = default_of("commitBucketReplicas")
+    window: int = default_of("publishWindow")
+    timeout: float = default_of("publishTimeout")
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> SinkConfig:
-        values = parse_options({k: v for k, v in raw.items() if k.lower() not in SPARK_WRITE_OPTIONS}, WRITER_OPTIONS)
-        return cls(
-            connection=ConnectionOptions.from_options(values),
-            subject=values["subject"],
-            deduplicate=values["deduplicate"],
-            expected_stream=values["expectedStream"],
-            commit_bucket=values["commitBucket"],
-            commit_bucket_replicas=values["commitBucketReplicas"],
-            window=values["publishWindow"],
-            timeout=values["publishTimeout"],
-        )
+        values = parse_options(raw, WRITE)
+        return cls(connection=ConnectionOptions.from_options(values), **config_values(cls, values))
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from .batch import BATCH_ONLY_OPTIONS, BatchConfig, JetStreamBatchReader
+from .batch import BatchConfig, JetStreamBatchReader
 from .config import SourceConfig
 from .connection import connect
 from .coordinator import Coordinator
-from .errors import OptionError
 from .offsets import Watermark
-from .options import LOAD_OPTIONS, parse_options
+from .options import LOAD, parse_options
 from .planning import Limits
 from .pull import MemberRange, read_member
 from .rows import spark_schema_ddl
@@ -51,17 +50,10 @@ class JetStreamDataSource(DataSource):
         return "jetstream"
 
     def schema(self) -> str:
-        values = parse_options(self.options, LOAD_OPTIONS)
+        values = parse_options(self.options, LOAD)
         return spark_schema_ddl(values["includeHeaders"])
 
     def streamReader(self, schema: StructType) -> JetStreamStreamReader:
-        for key in self.options:
-            name = next((n for n in BATCH_ONLY_OPTIONS if n.lower() == key.lower()), None)
-            if name is not None:
-                raise OptionError(
-                    f"Option {name!r} applies to spark.read only: a streaming query has no end. Use "
-                    "trigger(availableNow=True) to stop at the messages there are when it starts."
-                )
         return JetStreamStreamReader(SourceConfig.parse(self.options))
 
     def reader(self, schema: StructType) -> JetStreamBatchReader:
@@ -112,7 +104,7 @@ class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
 
     def getDefaultReadLimit(self) -> Any:
         config = self.config
-        return read_limit(config.max_messages, config.max_bytes, config.min_messages)
+        return read_limit(config.max_messages, config.max_bytes_per_trigger, config.min_messages)
 
     def _limits(self, limit: Any) -> Limits:
         """Spark passes one limit, ReadAllAvailable, or (PySpark < 4.2) none; the other configured
@@ -122,7 +114,7 @@ class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
         config = self.config
         return Limits(
             max_rows=getattr(limit, "max_rows", config.max_messages),
-            max_bytes=getattr(limit, "max_bytes", config.max_bytes),
+            max_bytes=getattr(limit, "max_bytes", config.max_bytes_per_trigger),
             min_rows=getattr(limit, "min_rows", config.min_messages),
         )
 

@@ -75,10 +75,17 @@ def test_secrets_never_show():
 
 
 def test_pull_settings_keep_heartbeat_under_half_the_expiry():
-    values = parse_options({"pullExpires": "2s", "pullIdleHeartbeat": "5s", "pullBatchSize": "1_000"}, PULL_OPTIONS)
+    values = parse_options({"pullExpires": "2s", "pullBatchSize": "1_000"}, PULL_OPTIONS)
     settings = PullSettings.from_options(values)
     assert settings.batch == 1000
     assert settings.idle_heartbeat == 1.0
+    short = PullSettings.from_options(parse_options({"pullExpires": "1s"}, PULL_OPTIONS))
+    assert short.idle_heartbeat == 0.5  # the default drops to half of a short expiry
+    # An explicit heartbeat over half the expiry is refused, not silently lowered.
+    with pytest.raises(
+        OptionError, match=r"'pullIdleHeartbeat' has an invalid value: 5s is more than half of pullExpires \(2s\)"
+    ):
+        parse_options({"pullExpires": "2s", "pullIdleHeartbeat": "5s"}, PULL_OPTIONS)
     with pytest.raises(OptionError, match="'pullsInFlight' has an invalid value '0': it must be at least 1"):
         parse_options({"pullsInFlight": "0"}, PULL_OPTIONS)
 
