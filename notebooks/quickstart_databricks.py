@@ -11,8 +11,14 @@
 # MAGIC 5. write back to JetStream, exactly once
 # MAGIC 6. clean up
 # MAGIC
-# MAGIC Needs a cluster with Apache Spark 4.2 or later and a NATS server (2.14 or later, with JetStream) that the
-# MAGIC cluster can reach.
+# MAGIC Needs Databricks Runtime 17 or later (Apache Spark 4.0+), classic or serverless, and a NATS server (2.14 or
+# MAGIC later, with JetStream) that the compute can reach.
+# MAGIC
+# MAGIC Where the package goes: the `%pip install` cell below installs it for this notebook, on every kind of compute.
+# MAGIC On serverless compute and on clusters in standard (shared) access mode, Spark runs behind Spark Connect: the
+# MAGIC notebook-scoped library reaches the Python workers, and `spark_jetstream.register(spark)` (in the next cell)
+# MAGIC makes `format("jetstream")` known. For a job on a classic cluster, add `spark-jetstream` as a cluster or job
+# MAGIC library instead. The runtime's own PySpark stays: the package does not install one.
 
 # COMMAND ----------
 
@@ -195,11 +201,33 @@ print(f"streamed {totals[0]} orders, revenue {totals[1]}")
 
 # COMMAND ----------
 
-for progress in query.recentProgress:
-    print(f"batch {progress['batchId']}: {progress['numInputRows']} rows")
-source = query.lastProgress["sources"][0]
-print("last batch read from", source["startOffset"])
-print("                  to", source["endOffset"])
+for progress in query.recentProgress:  # attributes: the same on classic compute and on Spark Connect
+    print(f"batch {progress.batchId}: {progress.numInputRows} rows")
+source = query.lastProgress.sources[0]
+print("last batch read from", source.startOffset)
+print("                  to", source.endOffset)
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC ### Running it as a pipeline
+# MAGIC
+# MAGIC On a cluster that runs all the time, leave out the trigger (or use `trigger(processingTime="10 seconds")`):
+# MAGIC the query then reads new messages as they arrive. Serverless compute runs streaming queries with
+# MAGIC `trigger(availableNow=True)` only: schedule the notebook or job, and each run reads what arrived since the
+# MAGIC last one and stops, from the same checkpoint. Write to a table in both cases:
+# MAGIC
+# MAGIC ```python
+# MAGIC (
+# MAGIC     parse_orders(spark.readStream.format("jetstream").options(**NATS).option("stream", STREAM).option("group", GROUP).load())
+# MAGIC     .writeStream.option("checkpointLocation", f"{WORK_DIR}/orders_table")
+# MAGIC     .trigger(availableNow=True)  # serverless: on a schedule; classic: processingTime or no trigger
+# MAGIC     .toTable("orders")
+# MAGIC )
+# MAGIC ```
+# MAGIC
+# MAGIC On PySpark 4.0 and 4.1 an `availableNow` run is one batch (bounded by `maxMessagesPerTrigger` if set), and
+# MAGIC the ack floors move to its end when the next run starts.
 
 # COMMAND ----------
 
@@ -212,7 +240,7 @@ print("                  to", source["endOffset"])
 
 from spark_jetstream.group_admin import status
 
-checkpoint_seq = json.loads(source["endOffset"])["seq"]
+checkpoint_seq = json.loads(source.endOffset)["seq"]
 members = status(api, STREAM, GROUP)
 print(f"{'member':<8}{'consumer':<18}{'partitions':<12}{'ack floor':>10}{'pending':>9}")
 for m in members:

@@ -175,6 +175,7 @@ def run(
         from pyspark.sql import functions as F
 
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local demo: no "resolves to a loopback" warning
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers run this Python, venv active or not
         log_config = out_dir / "log4j2.properties"
         log_config.write_text(QUIET_LOG4J)
         spark = (

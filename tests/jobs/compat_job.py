@@ -62,6 +62,7 @@ def main() -> None:
     result: dict[str, object] = {"pyspark": pyspark.__version__}
 
     batches: list[int] = []
+    reported: list[str] = []  # the stream's end as each progress of the first run reports it
     for stop_after in (2, None):  # a first run, stopped, then a restart from the checkpoint
         query = to_parquet("capped", source("capped", maxMessagesPerTrigger=args.max), {"processingTime": "0 seconds"})
         deadline = time.monotonic() + 120
@@ -74,7 +75,9 @@ def main() -> None:
         if query.exception():
             raise query.exception()
         batches += input_rows(query)
+        reported = reported or [str(p.sources[0].latestOffset) for p in query.recentProgress]
     result["capped"] = batches
+    result["reported_latest"] = reported
 
     for name, group, options in (
         ("available_now", "now", {}),
