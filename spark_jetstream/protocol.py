@@ -114,3 +114,39 @@ def wire(sid: int, subject: bytes, reply: bytes, payload: bytes, headers: bytes 
         return b"MSG %b %d %b%d\r\n%b\r\n" % (subject, sid, reply_field, len(payload), payload)
     size = len(headers)
     return b"HMSG %b %d %b%d %d\r\n%b%b\r\n" % (subject, sid, reply_field, size, size + len(payload), headers, payload)
+
+
+STATUS_PREFIX = b"NATS/1.0 "
+"""How a status message's header block starts (``NATS/1.0 408 Request Timeout``); a plain block has no space."""
+
+PIN_HEADER = b"Nats-Pin-Id:"
+
+
+def status_line(headers: bytes) -> str:
+    """``b"NATS/1.0 408 Request Timeout\\r\\n..."`` -> ``"408 Request Timeout"``."""
+    return headers[len(STATUS_PREFIX) :].split(_CRLF, 1)[0].decode(errors="replace")
+
+
+def status_of(headers: bytes) -> tuple[int, str]:
+    """``b"NATS/1.0 408 Request Timeout\\r\\n..."`` -> ``(408, "Request Timeout")``."""
+    code, _, description = status_line(headers).partition(" ")
+    return (int(code) if code.isdigit() else 0), description.strip()
+
+
+def header_value(headers: bytes, name: bytes) -> str | None:
+    """The value of the first header ``name`` (given with its colon) in a raw header block, or None."""
+    start = headers.find(name)
+    if start < 0:
+        return None
+    end = headers.find(_CRLF, start)
+    return headers[start + len(name) : end].strip().decode()
+
+
+def header_fields(block: bytes) -> list[tuple[str, str]]:
+    """A raw header block -> its ``(key, value)`` lines in order, repeated keys kept (the status line is skipped)."""
+    fields = []
+    for line in block.decode("utf-8", "replace").split("\r\n")[1:]:
+        key, sep, value = line.partition(":")
+        if sep and key:
+            fields.append((key, value.strip()))
+    return fields

@@ -7,11 +7,13 @@ import json
 import random
 import time
 from collections import deque
+from types import SimpleNamespace
+from typing import cast
 
 import pyarrow as pa
 import pytest
 
-from spark_jetstream.connection import Connection, _RawClient
+from spark_jetstream.connection import Connection, ConnectionOptions, _RawClient
 from spark_jetstream.errors import ConsumerNotFoundError, FencedError, ReaderError, StreamNotFoundError
 from spark_jetstream.groups import member_consumer_config, partition_filters
 from spark_jetstream.jsapi import JetStreamApi
@@ -218,7 +220,7 @@ class _RecordingClient(_RawClient):
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1000, 1 << 20])
-def test_deliveries_are_parsed_alike_by_the_bulk_handler_and_after_nats_py_took_over(conn, chunk):
+def test_deliveries_are_parsed_alike_by_the_bulk_handler_and_after_nats_py_took_over(chunk):
     """Deliveries, heartbeats and a PING in one byte stream: every delivery becomes exactly one row
     (including those nats-py's parser handles after the PING), for any way the bytes arrive."""
     sid = 3
@@ -232,25 +234,25 @@ def test_deliveries_are_parsed_alike_by_the_bulk_handler_and_after_nats_py_took_
     stream = b"".join(
         [*(delivery(s) for s in range(1, 6)), heartbeat, b"PING\r\n", *(delivery(s) for s in range(6, 9)), heartbeat]
     )
-    pull = _PinnedPull(conn, MemberRange("S", "C", start=0, end=20), PullSettings(record_batch_size=3))
-    pull.budget, pull.requests = 20, deque([10, 10])
+    unused = cast(Connection, SimpleNamespace(options=ConnectionOptions()))  # no I/O: bytes are fed by hand
+    pull = _PinnedPull(unused, MemberRange("S", "C", start=0, end=20), PullSettings(record_batch_size=3))
+    pull.window.budget, pull.window.requests = 20, deque([10, 10])
     client = _RecordingClient()
     client.raw_handlers[sid] = pull._on_message
-    client.bulk_handlers[sid] = pull._deliveries(sid)
+    client.bulk_handlers[sid] = pull.deliveries.handler(sid)
 
     async def feed() -> None:
         for i in range(0, len(stream), chunk):
             await client._ps.parse(stream[i : i + chunk])
 
     asyncio.run(feed())
-    rows = pa.Table.from_batches(
-        [buffer.to_record_batch("S", True, False) for buffer in [*pull.ready, pull.rows] if len(buffer)]
-    )
+    buffers = [*pull.deliveries.ready, pull.deliveries.rows]
+    rows = pa.Table.from_batches([buffer.to_record_batch("S", True, False) for buffer in buffers if len(buffer)])
     assert rows.column("seq").to_pylist() == list(range(1, 9))
     assert rows.column("data").to_pylist() == [b"payload %d" % s for s in range(1, 9)]
     assert rows.column("subject").to_pylist() == [f"orders.k{s}" for s in range(1, 9)]
     assert rows.column("partition").to_pylist() == [s % 2 for s in range(1, 9)]
     assert rows.column("timestamp").cast(pa.int64()).to_pylist() == [1_700_000_000_000_000 + s for s in range(1, 9)]
-    assert (pull.pin_id, pull.budget, list(pull.requests)) == ("abc123", 12, [2, 10])
-    assert (pull.received, client.pings) == (10, 1)  # 8 deliveries and 2 heartbeats
+    assert (pull.deliveries.pin_id, pull.window.budget, list(pull.window.requests)) == ("abc123", 12, [2, 10])
+    assert (pull.deliveries.received, client.pings) == (10, 1)  # 8 deliveries and 2 heartbeats
     assert not client._ps.buf
