@@ -12,8 +12,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from nats.errors import ConnectionClosedError
+from nats.errors import TimeoutError as NatsTimeoutError
+
 from .connection import Connection
-from .errors import ApiError, ConsumerNotFoundError, StreamNotFoundError
+from .errors import ApiError, ConnectError, ConsumerNotFoundError, StreamNotFoundError
 
 STREAM_NOT_FOUND = 10059
 CONSUMER_NOT_FOUND = 10014
@@ -235,7 +238,9 @@ class JetStreamApi:
             while True:
                 try:
                     msg = await sub.next_msg(timeout=wait)
-                except Exception:
+                except ConnectionClosedError:
+                    raise ConnectError(f"The connection to {self.conn.server_url} is closed.") from None
+                except NatsTimeoutError:
                     raise ApiError(
                         f"Direct Get on stream {stream!r} got no answer: does it allow direct "
                         "gets (allow_direct: true)?"

@@ -12,6 +12,9 @@ import socket
 from datetime import UTC, datetime
 from typing import Any
 
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
 from .connection import Connection
 from .errors import GroupConfigError
 
@@ -39,13 +42,17 @@ class GroupClaim:
         self._sid: int | None = None
 
     def claim(self) -> None:
-        """Refuse while another live query reads the group; then answer for it ourselves."""
+        """Refuse while another live query reads the group; then answer for it ourselves.
+
+        Only "nobody answered" (no responders, or no reply in time) means the group is free; any
+        other failure (a permissions error, a closed connection) is raised, not read as "free".
+        """
         subject = owner_subject(self.stream, self.group)
 
         async def claim() -> tuple[int | None, str]:
             try:
                 reply = await self.conn.client.request(subject, b"", timeout=_ASK_TIMEOUT)
-            except Exception:  # no responders or no answer: nobody owns the group
+            except (NoRespondersError, NatsTimeoutError):
                 reply = None
             if reply is not None:
                 return None, reply.data.decode(errors="replace")

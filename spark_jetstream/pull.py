@@ -46,7 +46,6 @@ log = logging.getLogger(__name__)
 
 _NS = 1_000_000_000
 _MAX_RECOVERIES = 5
-_API_ATTEMPTS = 8  # about 8 s of backoff: long enough for a leader election
 T = TypeVar("T")
 
 
@@ -406,14 +405,22 @@ class _PinnedPull:
         self._pull()
 
     async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
-        """Retry an API call through a leader election; a missing stream or consumer is final."""
-        for attempt in range(_API_ATTEMPTS):
+        """Retry an API call through a leader election, within one deadline (the connection's API timeout).
+
+        Each request already waits out timeouts and missing responders within that time
+        (``Connection.request_async``); what is retried here is an API error reply (no leader yet)
+        or a request that gave up early. A missing stream or consumer is final.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.conn.api_timeout
+        delay = 0.1
+        while True:
             try:
                 return await call()
             except (StreamNotFoundError, ConsumerNotFoundError):
                 raise
             except (ConnectError, ApiError) as exc:
-                if attempt == _API_ATTEMPTS - 1:
+                if loop.time() + delay >= deadline:
                     raise ReaderError(f"The {self.name} stayed unavailable: {exc}") from None
-                await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
-        raise AssertionError("unreachable")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
