@@ -31,13 +31,13 @@ from .errors import ApiError, OptionError, ReaderError
 from .groups import transform_partitions
 from .jsapi import NO_MESSAGE_FOUND, JetStreamApi
 from .options import BATCH, config_values, default_of, parse_options
+from .protocol import STATUS_PREFIX, status_line
 from .resolve import check_data_loss, resolve_layout, seq_at, start_after
 from .rows import RowBuffer
 from .spark_compat import DataSourceReader, InputPartition
 
 log = logging.getLogger(__name__)
 
-_STATUS = b"NATS/1.0 "
 _DIRECT_HEADERS = b"\r\nNats-Stream: "  # the server appends its headers after the message's own
 _LAGGING_RETRIES = 50
 
@@ -265,11 +265,10 @@ class _DirectReader:
         """Raw handler of the Direct Get inbox (loop thread, once per message: keep it lean)."""
         if headers is None:
             return
-        if headers.startswith(_STATUS):
-            code = headers[len(_STATUS) : len(_STATUS) + 3]
+        if headers.startswith(STATUS_PREFIX):
+            code = headers[len(STATUS_PREFIX) : len(STATUS_PREFIX) + 3]
             if code not in (b"204", b"404"):  # 204: end of batch; 404: nothing (more) matches
-                line = headers[len(_STATUS) :].split(b"\r\n", 1)[0].decode(errors="replace")
-                self.error = f"Direct Get on stream {self.range.stream!r} failed: {line}."
+                self.error = f"Direct Get on stream {self.range.stream!r} failed: {status_line(headers)}."
             self.batch_done.set()
             return
         cut = headers.rfind(_DIRECT_HEADERS)

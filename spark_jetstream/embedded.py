@@ -19,7 +19,7 @@ import sysconfig
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -233,13 +233,3 @@ class EmbeddedCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-@contextlib.contextmanager
-def running_server(**kwargs: Any) -> Iterator[EmbeddedServer]:
-    """Context manager form of ``EmbeddedServer(**kwargs).start()``."""
-    server = EmbeddedServer(**kwargs).start()
-    try:
-        yield server
-    finally:
-        server.close()

@@ -28,8 +28,26 @@ def member_consumer_name(group: str, member: str) -> str:
 
 
 def partition_filters(partitions: Iterable[int], filters: Sequence[str] = ()) -> list[str]:
-    """``["<p>.>"]`` per partition, or ``"<p>.<filter>"`` for each of the group's subject filters."""
-    return [f"{p}.{f}" for p in sorted(partitions) for f in (filters or [">"])]
+    """``"<p>.>"`` per partition, or ``"<p>.<filter>"`` for each of the group's subject filters, in pcgroups'
+    order: by filter, then partition in the mapping's order (pcgroups tools re-create a consumer whose
+    filter list differs)."""
+    return [f"{p}.{f}" for f in (filters or (">",)) for p in partitions]
+
+
+def partition_transform(subject: str, partitions: int, wildcards: Sequence[int], style: str = "partition") -> str:
+    """The transform destination that puts the partition first: ``orders.*`` ->
+    ``{{partition(N,1)}}.orders.{{wildcard(1)}}`` (``style`` ``Partition``: pcgroups' capitalised spelling).
+    ``wildcards`` are the 1-based ``*`` positions hashed; every ``*`` is kept in place."""
+    wildcard = "Wildcard" if style == "Partition" else "wildcard"
+    tokens, seen = [], 0
+    for token in subject.split("."):
+        if token == "*":
+            seen += 1
+            tokens.append(f"{{{{{wildcard}({seen})}}}}")
+        else:
+            tokens.append(token)
+    args = ",".join(str(i) for i in (partitions, *wildcards))
+    return f"{{{{{style}({args})}}}}." + ".".join(tokens)
 
 
 def member_consumer_config(
@@ -74,15 +92,7 @@ def partitioned_stream_config(name: str, subject: str, partitions: int, **extra:
     wildcards = subject.split(".").count("*")
     if wildcards == 0:
         raise ValueError(f"subject {subject!r} needs at least one '*' token to partition on")
-    indexes = ",".join(str(i) for i in range(1, wildcards + 1))
-    dest_tokens, seen = [], 0
-    for token in subject.split("."):
-        if token == "*":
-            seen += 1
-            dest_tokens.append(f"{{{{wildcard({seen})}}}}")
-        else:
-            dest_tokens.append(token)
-    dest = f"{{{{partition({partitions},{indexes})}}}}." + ".".join(dest_tokens)
+    dest = partition_transform(subject, partitions, range(1, wildcards + 1))
     return {
         "name": name,
         "subjects": [subject],
@@ -133,15 +143,7 @@ class PartitioningFilter:
 
     def transform(self, partitions: int) -> dict[str, str]:
         """The work stream's subject transform: ``foo.*`` -> ``{{Partition(N,1)}}.foo.{{Wildcard(1)}}``."""
-        tokens, seen = [], 0
-        for token in self.filter.split("."):
-            if token == "*":
-                seen += 1
-                tokens.append(f"{{{{Wildcard({seen})}}}}")
-            else:
-                tokens.append(token)
-        args = ",".join(str(i) for i in (partitions, *self.wildcards))
-        return {"src": self.filter, "dest": f"{{{{Partition({args})}}}}." + ".".join(tokens)}
+        return {"src": self.filter, "dest": partition_transform(self.filter, partitions, self.wildcards, "Partition")}
 
 
 @dataclass(frozen=True)
@@ -259,9 +261,9 @@ class GroupConfig:
         """Filter subjects of a member owning ``partitions``, in pcgroups' order (by filter, then
         partition). Like pcgroups, explicit mappings ignore the filters."""
         if self.member_mappings:
-            return [f"{p}.>" for p in partitions]
+            return partition_filters(partitions)
         filters = self.filters if self.kind == "static" else tuple(f.filter for f in self.partitioning_filters)
-        return [f"{p}.{f}" for f in (filters or (">",)) for p in partitions]
+        return partition_filters(partitions, filters)
 
     def work_stream_config(self, source: dict[str, Any], group: str) -> dict[str, Any]:
         """The elastic group's WorkQueue stream, sourcing ``source`` through the partition transform."""

@@ -17,6 +17,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from .connection import Connection
 from .errors import ApiError, ConnectError, ConsumerNotFoundError, StreamNotFoundError
+from .protocol import header_fields
 
 STREAM_NOT_FOUND = 10059
 CONSUMER_NOT_FOUND = 10014
@@ -129,10 +130,6 @@ class JetStreamApi:
     def create_stream(self, config: dict[str, Any]) -> dict[str, Any]:
         return self.call(("STREAM", "CREATE", config["name"]), config, f"Creating stream {config['name']!r}")
 
-    def update_stream(self, config: dict[str, Any]) -> dict[str, Any]:
-        name = config["name"]
-        return self.call(("STREAM", "UPDATE", name), config, f"Updating stream {name!r}", name)
-
     def delete_stream(self, stream: str) -> None:
         self.call(("STREAM", "DELETE", stream), None, f"Deleting stream {stream!r}", stream)
 
@@ -206,12 +203,7 @@ class JetStreamApi:
                 return None
             raise
         message = reply["message"]
-        headers: dict[str, str] = {}
-        if message.get("hdrs"):
-            for line in base64.b64decode(message["hdrs"]).decode(errors="replace").split("\r\n")[1:]:
-                key, sep, value = line.partition(":")
-                if sep:
-                    headers[key.strip()] = value.strip()
+        headers = dict(header_fields(base64.b64decode(message["hdrs"]))) if message.get("hdrs") else {}
         return DirectMessage(
             seq=message["seq"],
             subject=message["subject"],

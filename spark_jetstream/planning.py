@@ -18,10 +18,6 @@ class Limits:
     min_rows: int | None = None
     min_rows_waited_out: bool = False  # maxTriggerDelay has passed since the last batch
 
-    @property
-    def unlimited(self) -> bool:
-        return self.max_rows is None and self.max_bytes is None and self.min_rows is None
-
 
 def batch_end(start: int, last_seq: int, limits: Limits, average_size: float, cap: int | None = None) -> int:
     """The end watermark of the next batch; ``start`` itself means "no batch now"."""

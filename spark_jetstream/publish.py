@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from .connection import Connection
 from .errors import JetStreamError
-from .protocol import BulkHandler, run_pattern
+from .protocol import STATUS_PREFIX, BulkHandler, run_pattern, status_line
 
 Message = tuple[str, bytes, dict[str, str] | None]
 """(subject, payload, headers or None)."""
@@ -33,7 +33,6 @@ HeaderValue = str | Sequence[str] | None
 MSG_ID_HEADER = "Nats-Msg-Id"
 EXPECTED_STREAM_HEADER = "Nats-Expected-Stream"
 
-_STATUS = b"NATS/1.0 "
 _STORED = rb'\{"stream":"[^"\\\r\n]*+"(?:,"[a-z_]++": ?+(?:"[^"\\\r\n]*+"|\d++|true))*+\}'
 """A PubAck that says stored (``{"stream":"S","seq":1}``, maybe a domain or ``"duplicate": true``)."""
 _SEQ = re.compile(rb'"seq":(\d+)')
@@ -210,8 +209,8 @@ class Publisher:
 
     def _on_ack(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         """Raw handler of the PubAck subscription for what ``_stored_runs`` did not take."""
-        if headers is not None and headers.startswith(_STATUS):
-            self._fail(subject, headers[len(_STATUS) :].split(b"\r\n", 1)[0].decode(errors="replace"))
+        if headers is not None and headers.startswith(STATUS_PREFIX):
+            self._fail(subject, status_line(headers))
         elif b'"error"' in data:
             description = _DESCRIPTION.search(data)
             code = _ERR_CODE.search(data)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .protocol import header_fields
+
 HEADERS_TYPE = pa.map_(pa.string(), pa.list_(pa.string()))
 
 _BASE_FIELDS = [
@@ -55,11 +57,9 @@ def parse_headers(block: bytes | None) -> list[tuple[str, list[str]]]:
     if not block:
         return []
     grouped: dict[str, list[str]] = {}
-    for line in block.decode("utf-8", "replace").split("\r\n")[1:]:
-        key, sep, value = line.partition(":")
-        if not sep or not key or key in INTERNAL_HEADERS:
-            continue
-        grouped.setdefault(key, []).append(value.strip())
+    for key, value in header_fields(block):
+        if key not in INTERNAL_HEADERS:
+            grouped.setdefault(key, []).append(value)
     return list(grouped.items())
 
 
