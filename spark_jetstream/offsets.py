@@ -53,6 +53,15 @@ class Watermark:
         return cls(stream, seq, created)
 
 
+def _batch_ids(root: Path, log: str) -> list[int]:
+    return [int(p.name) for p in (root / log).glob("*") if p.name.isdigit()]
+
+
+def _offset(root: Path, batch_id: int, source: int) -> dict[str, Any]:
+    lines = (root / "offsets" / str(batch_id)).read_text().splitlines()
+    return json.loads(lines[2 + source])
+
+
 def committed_offset(checkpoint: str | Path, source: int = 0) -> dict[str, Any] | None:
     """The offset of ``source`` (its position among the query's sources) in the last batch Spark
     committed to ``checkpoint``, or None before the first commit.
@@ -62,8 +71,12 @@ def committed_offset(checkpoint: str | Path, source: int = 0) -> dict[str, Any] 
     planned its next batch (or sat idle), the member consumers' ack floors equal this offset's seq.
     """
     root = Path(checkpoint)
-    done = [int(p.name) for p in (root / "commits").glob("*") if p.name.isdigit()]
-    if not done:
-        return None
-    lines = (root / "offsets" / str(max(done))).read_text().splitlines()
-    return json.loads(lines[2 + source])
+    done = _batch_ids(root, "commits")
+    return _offset(root, max(done), source) if done else None
+
+
+def planned_offset(checkpoint: str | Path, source: int = 0) -> tuple[int, dict[str, Any]] | None:
+    """The id and end offset of the last batch Spark planned (committed or not), or None before the first."""
+    root = Path(checkpoint)
+    planned = _batch_ids(root, "offsets")
+    return (max(planned), _offset(root, max(planned), source)) if planned else None

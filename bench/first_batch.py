@@ -1,0 +1,147 @@
+"""Time to the first batch in a fresh process: the connector against a Python source that does no I/O
+and against Spark's ``rate`` source, in the same run, each query in a process of its own.
+
+python bench/first_batch.py [--rounds 3] [--messages 100000]
+
+For each contender a child process starts Spark (not timed), then times ``load()`` (the source's
+``schema()`` and option checks) and ``start()`` to the first committed batch into the ``noop`` sink.
+The jetstream query reads a stream holding ``--messages`` messages from the start (a new group per
+run); the no-I/O Python source yields the same number of rows as one Arrow batch; ``rate`` is Spark's
+own floor. Rounds interleave the contenders (this machine's speed drifts); medians are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+CONTENDERS = ("jetstream", "python-noio", "rate")
+
+
+def child(kind: str, servers: str, stream: str, group: str, messages: int) -> dict[str, float]:
+    """Runs in the fresh process: one query, timed."""
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+    class NoIoReader(DataSourceStreamReader):
+        def initialOffset(self) -> dict[str, int]:
+            return {"n": 0}
+
+        def latestOffset(self, start: dict[str, int] | None = None, limit: Any = None) -> dict[str, int]:
+            return {"n": messages}
+
+        def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+            return [InputPartition(end["n"] - start["n"])] if end["n"] > start["n"] else []
+
+        def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+            yield pa.RecordBatch.from_arrays([pa.array(range(partition.value), pa.int64())], names=["seq"])
+
+    class NoIoSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "noio"
+
+        def schema(self) -> str:
+            return "seq long"
+
+        def streamReader(self, schema: Any) -> NoIoReader:
+            return NoIoReader()
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(NoIoSource)
+    began = time.monotonic()
+    if kind == "jetstream":
+        frame = (
+            spark.readStream.format("jetstream")
+            .option("servers", servers)
+            .option("stream", stream)
+            .option("group", group)
+            .load()
+        )
+    elif kind == "python-noio":
+        frame = spark.readStream.format("noio").load()
+    else:
+        frame = spark.readStream.format("rate").option("rowsPerSecond", messages).load()
+    loaded = time.monotonic()
+    query = frame.writeStream.format("noop").start()
+    while not [p for p in query.recentProgress if p.numInputRows]:
+        time.sleep(0.01)
+    first = time.monotonic()
+    rows = next(p.numInputRows for p in query.recentProgress if p.numInputRows)
+    query.stop()
+    spark.stop()
+    return {"load": loaded - began, "first_batch": first - loaded, "rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--child", nargs=5, metavar=("KIND", "SERVERS", "STREAM", "GROUP", "MESSAGES"))
+    args = parser.parse_args()
+    if args.child:
+        kind, servers, stream, group, messages = args.child
+        print(json.dumps(child(kind, servers, stream, group, int(messages))))
+        return
+
+    from spark_jetstream.connection import ConnectionOptions, close_all, connect
+    from spark_jetstream.embedded import EmbeddedServer
+    from spark_jetstream.groups import partitioned_stream_config
+    from spark_jetstream.jsapi import JetStreamApi
+    from spark_jetstream.publish import publish_all
+
+    with EmbeddedServer(name="first-batch") as server:
+        server.start()
+        conn = connect(ConnectionOptions(servers=(server.url,)))
+        JetStreamApi(conn).create_stream(partitioned_stream_config("FIRST", "first.*", 4))
+        publish_all(conn, ((f"first.k{i % 1000}", b"x" * 100, None) for i in range(args.messages)))
+        close_all()
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+        runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in CONTENDERS}
+        for round_ in range(args.rounds):
+            for kind in CONTENDERS:
+                done = subprocess.run(
+                    [sys.executable, __file__, "--child", kind, server.url, "FIRST", f"g{round_}", str(args.messages)],
+                    capture_output=True, text=True, env=env, cwd=Path(__file__).parent, check=False,
+                )  # fmt: skip
+                if done.returncode:
+                    sys.exit(f"{kind} failed:\n{done.stderr[-3000:]}")
+                runs[kind].append(json.loads(done.stdout.strip().splitlines()[-1]))
+                print(f"round {round_ + 1} {kind:<12} {json.dumps(runs[kind][-1])}", flush=True)
+
+    def median(kind: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[kind])
+
+    print(f"\n{'source':<12}{'load() s':>10}{'first batch s':>15}{'together s':>12}{'rows':>9}")
+    for kind in CONTENDERS:
+        together = statistics.median(r["load"] + r["first_batch"] for r in runs[kind])
+        rows = int(median(kind, "rows"))
+        print(f"{kind:<12}{median(kind, 'load'):>10.2f}{median(kind, 'first_batch'):>15.2f}{together:>12.2f}{rows:>9}")
+
+    def together(kind: str) -> float:
+        return statistics.median(r["load"] + r["first_batch"] for r in runs[kind])
+
+    print(
+        f"\njetstream / python-noio: {together('jetstream') / together('python-noio'):.2f} (target <= 1.3); "
+        f"jetstream / rate: {together('jetstream') / together('rate'):.2f}; "
+        f"jetstream first batch {median('jetstream', 'first_batch'):.2f} s (target < 5 s)"
+    )
+
+
+if __name__ == "__main__":
+    main()
