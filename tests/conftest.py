@@ -43,6 +43,37 @@ def _track(server: EmbeddedServer) -> EmbeddedServer:
     return server
 
 
+_IO_FIXTURES = frozenset(
+    {
+        "nats_server",
+        "nats_cluster",
+        "conn",
+        "api",
+        "make_stream",
+        "spark",
+        "active_session",
+        # module fixtures that start servers, clusters, virtualenvs or certificate tooling themselves
+        "secured_server",
+        "old_server_binary",
+        "pki",
+        "plain_token_server",
+        "operator_mode",
+        "big_server",
+        "own_server",
+        "wheel",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The fast tier, ``pytest -m "not slow"``, is the pure rules: a test that asks for a server, a
+    cluster or a Spark session is slow without saying so (tests that start processes themselves carry
+    the marker by hand)."""
+    for item in items:
+        if _IO_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def nats_server() -> Iterator[EmbeddedServer]:
     server = EmbeddedServer(name="test")

@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # runs ruff over the tree: a check of the code, not of a rule
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -20,6 +20,7 @@ from spark_jetstream.jsapi import JetStreamApi
 OLD_SERVER_VERSION = "2.12.8"
 
 
+@pytest.mark.slow
 def test_refused_connection_fails_within_the_connect_timeout():
     url = f"nats://127.0.0.1:{free_port()}"
     started = time.monotonic()
@@ -32,6 +33,7 @@ def test_refused_connection_fails_within_the_connect_timeout():
     assert time.monotonic() - started < 1.5 + 3
 
 
+@pytest.mark.slow
 def test_a_server_that_never_answers_times_out():
     """A real server, stopped (SIGSTOP): the kernel accepts the connection, the INFO never comes."""
     with EmbeddedServer(name="frozen") as server:
@@ -50,6 +52,7 @@ def test_a_server_that_never_answers_times_out():
     assert elapsed < 1.5 + 3
 
 
+@pytest.mark.slow
 def test_an_unknown_host_is_named():
     with pytest.raises(ConnectError) as caught:
         connect(ConnectionOptions(servers=("nats://no-such-host.invalid:4222",), connect_timeout=2))
@@ -111,6 +114,7 @@ def test_no_credentials_for_a_server_that_needs_them(secured_server):
     )
 
 
+@pytest.mark.slow
 def test_token_auth():
     with EmbeddedServer({"authorization": {"token": "tok-R1ght-9"}}, name="token") as server:
         conn = connect(ConnectionOptions(servers=(server.url,), token="tok-R1ght-9"))

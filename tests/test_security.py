@@ -329,6 +329,7 @@ def test_secrets_never_reach_errors_logs_plans_progress_the_checkpoint_or_the_cl
                 assert secret.encode() not in path.read_bytes(), path
 
 
+@pytest.mark.slow
 def test_nkey_authentication(tmp_path):
     import os
 
