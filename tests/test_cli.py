@@ -26,6 +26,13 @@ def test_demo_runs_end_to_end_with_its_own_server(tmp_path):
     for member in ("demo-0", "demo-1", "demo-2"):
         assert re.search(rf"{member}\s+6,000\s+ok", out), out
     assert re.search(r"batch\s+\d+\s+published\s+6,000\s+read\s+6,000 .* lag\s+0", out), out
+    # Before the first batch the status line says what happens, never a frozen "read 0".
+    status = [line for line in out.splitlines() if re.match(r"\s+\d+\.\ds  ", line)]
+    assert "starting the query" in status[0], status
+    assert not [line for line in status if re.search(r"read\s+0 ", line)], status
+    # The summary comes from the query's progress.
+    assert re.search(r"first batch: [\d,]+ rows, finished \d+\.\ds after the query started", out), out
+    assert re.search(r"Spark processed [\d,]+ rows/s \(read, from_json, aggregate, parquet write\)", out), out
     assert len(list((tmp_path / "revenue_by_region").glob("batch_id=*"))) >= 4  # at most 1,500 rows per batch
     png = (tmp_path / "throughput_and_lag.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
