@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 from collections.abc import Iterator
@@ -517,3 +518,91 @@ def test_demo_runs_against_a_server_that_needs_creds(operator_mode, tmp_path):
     assert "OK: published 1,500 orders; Spark read 1,500 rows" in done.stdout
     for secret in operator_mode.secrets:
         assert secret not in done.stdout + done.stderr
+
+
+STREAM_READER_PERMISSIONS = {
+    # Another user who may read the stream ORDERS with a consumer of its own, "analyst", but may not
+    # pull from (or UNPIN, RESET, change, delete) Spark's member consumers: every subject it may
+    # publish to is listed, and nothing names a member consumer. (Consumer names are one subject
+    # token, so "all but Spark's" cannot be written as a wildcard: allow the user's own instead.)
+    "publish": {
+        "allow": [
+            "$JS.API.INFO",
+            "$JS.API.STREAM.INFO.ORDERS",
+            "$JS.API.DIRECT.GET.ORDERS",
+            "$JS.API.CONSUMER.CREATE.ORDERS.analyst",
+            "$JS.API.CONSUMER.CREATE.ORDERS.analyst.>",
+            "$JS.API.CONSUMER.INFO.ORDERS.analyst",
+            "$JS.API.CONSUMER.MSG.NEXT.ORDERS.analyst",
+            "$JS.ACK.ORDERS.analyst.>",
+        ]
+    },
+    "subscribe": {"allow": ["_INBOX.>"]},
+}
+
+
+@pytest.mark.slow
+def test_a_reader_of_the_stream_cannot_pull_from_the_spark_groups_member_consumers(spark, tmp_path):
+    """The permissions recipe of README "Security": the Spark user reads the group; the other user
+    reads the stream through its own consumer, and the server refuses its pulls on Spark's."""
+    import asyncio
+    import json
+
+    import nats
+
+    from spark_jetstream.groups import partitioned_stream_config
+    from spark_jetstream.publish import publish_all
+
+    users = {
+        "users": [
+            {"user": "spark", "password": "spark-pw", "permissions": {"publish": ">", "subscribe": ">"}},
+            {"user": "analyst", "password": "analyst-pw", "permissions": STREAM_READER_PERMISSIONS},
+        ]
+    }
+    with EmbeddedServer({"authorization": users}, name="perms") as server:
+        spark_options = ConnectionOptions(servers=(server.url,), user="spark", password="spark-pw")
+        api = JetStreamApi(connect(spark_options))
+        api.create_stream(partitioned_stream_config("ORDERS", "orders.*", 2))
+        assert publish_all(api.conn, ((f"orders.k{i}", b"o", None) for i in range(100))).count == 100
+        query = (
+            spark.readStream.format("jetstream")
+            .options(servers=server.url, user="spark", password="spark-pw", stream="ORDERS", group="spark-orders")
+            .load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(tmp_path / "cp"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert sum(p.numInputRows for p in query.recentProgress) == 100
+        members = [f"spark-orders-{p}" for p in range(2)]
+        assert {api.consumer_info("ORDERS", m)["ack_floor"]["stream_seq"] for m in members} == {100}
+
+        async def as_analyst() -> tuple[list[str], int, int]:
+            refused: list[str] = []
+
+            async def on_error(error: Exception) -> None:
+                refused.append(str(error))
+
+            nc = await nats.connect(server.url, user="analyst", password="analyst-pw", error_cb=on_error)
+            for member in members:  # a standby's pull, and a pull that takes over the pin
+                pull = {"batch": 10, "expires": 1_000_000_000, "group": "PCG"}
+                for verb in ("MSG.NEXT", "UNPIN"):
+                    with contextlib.suppress(nats.errors.TimeoutError):
+                        await nc.request(f"$JS.API.CONSUMER.{verb}.ORDERS.{member}", json.dumps(pull).encode(), 1.5)
+            own = await nc.jetstream().pull_subscribe("*.orders.*", durable="analyst", stream="ORDERS")
+            read = len(await own.fetch(100, timeout=5))
+            first = await nc.request("$JS.API.DIRECT.GET.ORDERS", b'{"seq": 1}')
+            await nc.close()
+            return refused, read, int(first.headers["Nats-Sequence"])
+
+        refused, read, direct = asyncio.run(as_analyst())
+        violations = [r for r in refused if "permissions violation" in r.lower()]
+        for member in members:
+            for verb in ("msg.next", "unpin"):  # nats-py reports the subject in lower case
+                assert any(f'"$js.api.consumer.{verb}.orders.{member}"' in v for v in violations), refused
+        assert (read, direct) == (100, 1)  # the analyst does read the stream, through its own consumer
+        for member in members:  # nothing reached the analyst from Spark's consumers, nothing moved
+            info = api.consumer_info("ORDERS", member)
+            assert info["ack_floor"]["stream_seq"] == 100 and info["num_ack_pending"] == 0
+        disconnect(spark_options)
