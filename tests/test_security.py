@@ -587,7 +587,7 @@ def test_a_reader_of_the_stream_cannot_pull_from_the_spark_groups_member_consume
             nc = await nats.connect(server.url, user="analyst", password="analyst-pw", error_cb=on_error)
             for member in members:  # a standby's pull, and a pull that takes over the pin
                 pull = {"batch": 10, "expires": 1_000_000_000, "group": "PCG"}
-                for verb in ("MSG.NEXT", "UNPIN"):
+                for verb in ("MSG.NEXT", "UNPIN", "RESET"):
                     with contextlib.suppress(nats.errors.TimeoutError):
                         await nc.request(f"$JS.API.CONSUMER.{verb}.ORDERS.{member}", json.dumps(pull).encode(), 1.5)
             own = await nc.jetstream().pull_subscribe("*.orders.*", durable="analyst", stream="ORDERS")
@@ -599,7 +599,7 @@ def test_a_reader_of_the_stream_cannot_pull_from_the_spark_groups_member_consume
         refused, read, direct = asyncio.run(as_analyst())
         violations = [r for r in refused if "permissions violation" in r.lower()]
         for member in members:
-            for verb in ("msg.next", "unpin"):  # nats-py reports the subject in lower case
+            for verb in ("msg.next", "unpin", "reset"):  # nats-py reports the subject in lower case
                 assert any(f'"$js.api.consumer.{verb}.orders.{member}"' in v for v in violations), refused
         assert (read, direct) == (100, 1)  # the analyst does read the stream, through its own consumer
         for member in members:  # nothing reached the analyst from Spark's consumers, nothing moved
