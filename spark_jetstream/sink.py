@@ -44,7 +44,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StringType, StructType
 
 from .connection import Connection, ConnectionOptions, connect
@@ -530,4 +529,6 @@ def stream_writer(options: Mapping[str, str], schema: StructType) -> JetStreamSt
     config = SinkConfig.parse(options)
     columns = check_columns(schema, config)
     ensure_bucket(connect(config.connection), config.commit_bucket, config.commit_bucket_replicas)
+    from pyspark.sql.pandas.types import to_arrow_schema  # imports pandas: only where a stream is written
+
     return JetStreamStreamWriter(config, columns, to_arrow_schema(schema))

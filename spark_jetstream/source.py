@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from .batch import BatchConfig, JetStreamBatchReader
 from .config import SourceConfig
 from .connection import connect
 from .coordinator import Coordinator
@@ -22,11 +21,13 @@ from .options import LOAD, parse_options
 from .planning import Limits
 from .pull import MemberRange, read_member
 from .rows import spark_schema_ddl
-from .sink import JetStreamBatchWriter, JetStreamStreamWriter, batch_writer, stream_writer
 from .spark_compat import STREAM_READER_BASES, DataSource, InputPartition, read_limit
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
+
+    from .batch import JetStreamBatchReader
+    from .sink import JetStreamBatchWriter, JetStreamStreamWriter
 
 
 class MemberPartition(InputPartition):
@@ -43,6 +44,8 @@ class JetStreamDataSource(DataSource):
     Which options apply depends on the use, which Spark reveals only in the method it calls:
     ``schema()`` (at ``load()``) checks them against every read option, so bad read options fail
     at ``load()``; ``streamReader``/``reader``/``writer``/``streamWriter`` then apply their own set.
+    Batch reads and writes are imported when used: every Spark Python process that looks the
+    source up or runs a streaming read imports this module, and need not pay for them.
     """
 
     @classmethod
@@ -57,12 +60,18 @@ class JetStreamDataSource(DataSource):
         return JetStreamStreamReader(SourceConfig.parse(self.options))
 
     def reader(self, schema: StructType) -> JetStreamBatchReader:
+        from .batch import BatchConfig, JetStreamBatchReader
+
         return JetStreamBatchReader(BatchConfig.parse(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> JetStreamBatchWriter:
+        from .sink import batch_writer
+
         return batch_writer(self.options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> JetStreamStreamWriter:
+        from .sink import stream_writer
+
         return stream_writer(self.options, schema)
 
 
