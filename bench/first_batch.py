@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -77,15 +78,22 @@ def child(kind: str, servers: str, stream: str, group: str, messages: int) -> di
         frame = spark.readStream.format("noio").load()
     else:
         frame = spark.readStream.format("rate").option("rowsPerSecond", messages).load()
-    loaded = time.monotonic()
+    loaded, loaded_wall = time.monotonic(), time.time()
     query = frame.writeStream.format("noop").start()
     while not [p for p in query.recentProgress if p.numInputRows]:
         time.sleep(0.01)
     first = time.monotonic()
-    rows = next(p.numInputRows for p in query.recentProgress if p.numInputRows)
+    progress = next(p for p in query.recentProgress if p.numInputRows)
     query.stop()
     spark.stop()
-    return {"load": loaded - began, "first_batch": first - loaded, "rows": rows}
+    started = datetime.fromisoformat(progress.timestamp.replace("Z", "+00:00")).timestamp()
+    return {
+        "load": loaded - began,
+        "first_batch": first - loaded,
+        "rows": progress.numInputRows,
+        "to_trigger": started - loaded_wall,  # start() until Spark began the first batch's trigger
+        **{k: v / 1000 for k, v in progress.durationMs.items() if v >= 50},  # where that trigger's time went
+    }
 
 
 def main() -> None:
