@@ -18,7 +18,10 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from .connection import Connection
 from .errors import GroupConfigError
 
+_PERMISSIONS = "permissions violation"
 _ASK_TIMEOUT = 0.5
+_ECHO_TIMEOUT = 2.0
+"""Seconds this query's own responder has to answer it (a refused subscription gets no responders at once)."""
 """Seconds a live owner has to answer: its responder runs on an idle driver's event loop."""
 
 
@@ -45,14 +48,20 @@ class GroupClaim:
         """Refuse while another live query reads the group; then answer for it ourselves.
 
         Only "nobody answered" (no responders, or no reply in time) means the group is free; any
-        other failure (a permissions error, a closed connection) is raised, not read as "free".
+        other failure (a closed connection) is raised, not read as "free". The server reports a
+        permissions violation on the owner subject asynchronously, so it is looked for after a
+        timeout, and the new responder is asked once: without those permissions the guard cannot work.
         """
         subject = owner_subject(self.stream, self.group)
+        client = self.conn.client
 
         async def claim() -> tuple[int | None, str]:
             try:
-                reply = await self.conn.client.request(subject, b"", timeout=_ASK_TIMEOUT)
-            except (NoRespondersError, NatsTimeoutError):
+                reply = await client.request(subject, b"", timeout=_ASK_TIMEOUT)
+            except NoRespondersError:
+                reply = None
+            except NatsTimeoutError:
+                self._check_permission(subject)
                 reply = None
             if reply is not None:
                 return None, reply.data.decode(errors="replace")
@@ -60,7 +69,17 @@ class GroupClaim:
             async def answer(msg: Any) -> None:
                 await msg.respond(self.owner.encode())
 
-            sub = await self.conn.client.subscribe(subject, cb=answer)
+            sub = await client.subscribe(subject, cb=answer)
+            try:  # the server may refuse the SUB after answering a flush: ask the responder itself
+                await client.request(subject, b"", timeout=_ECHO_TIMEOUT)
+            except (NoRespondersError, NatsTimeoutError):
+                await sub.unsubscribe()
+                await client.flush(timeout=_ECHO_TIMEOUT)  # give the server's -ERR time to arrive
+                self._check_permission(subject)
+                raise GroupConfigError(
+                    f"This query's owner responder on {subject} does not answer, so another query could not tell "
+                    f"that it reads group {self.group!r}: check the NATS user's permissions on that subject."
+                ) from None
             return sub._id, ""
 
         sid, other = self.conn.run(claim())
@@ -70,6 +89,18 @@ class GroupClaim:
                 "that query first; two queries on one group would steal each other's messages."
             )
         self._sid = sid
+
+    def _check_permission(self, subject: str) -> None:
+        """Raise when the server refused this connection a publish or subscribe on ``subject``."""
+        error = str(self.conn.client.last_error or "").lower()  # nats-py lowercases the server's -ERR
+        if _PERMISSIONS in error and f'"{subject.lower()}"' in error:
+            action = "subscribe to" if "subscription" in error else "publish to"
+            raise GroupConfigError(
+                f"The NATS user may not {action} {subject} (a permissions violation): allow it to publish and "
+                "subscribe on _SPARK_JETSTREAM.owner.> so a query can tell whether another one already reads "
+                f"group {self.group!r}; without that two queries could read one group and steal each other's "
+                "messages."
+            )
 
     def release(self) -> None:
         if self._sid is None:

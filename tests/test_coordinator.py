@@ -10,8 +10,12 @@ from datetime import UTC, datetime
 import pytest
 
 from spark_jetstream.config import SourceConfig
+from spark_jetstream.connection import ConnectionOptions, connect, disconnect
 from spark_jetstream.coordinator import Coordinator
+from spark_jetstream.embedded import EmbeddedServer
 from spark_jetstream.errors import GroupConfigError
+from spark_jetstream.groups import partitioned_stream_config
+from spark_jetstream.jsapi import JetStreamApi
 from spark_jetstream.offsets import Watermark
 from spark_jetstream.planning import Limits
 from spark_jetstream.publish import publish_all
@@ -109,3 +113,21 @@ def test_a_second_coordinator_on_a_group_is_refused(nats_server, make_stream, co
     coordinators(nats_server.url, stream.name, "solo")
     with pytest.raises(GroupConfigError, match=r"Group 'solo' on stream .* is already read by a running query"):
         coordinators(nats_server.url, stream.name, "solo")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("denied", ["publish", "subscribe"])
+def test_a_user_without_the_owner_subject_is_refused_not_taken_for_a_free_group(denied):
+    """The one-query-per-group guard needs the owner subject: a permissions violation on it is an
+    error naming the fix, not "nobody owns the group"."""
+    user = {"user": "u", "password": "pw-42", "permissions": {denied: {"deny": ["_SPARK_JETSTREAM.>"]}}}
+    with EmbeddedServer({"authorization": {"users": [user]}}, name="perm") as server:
+        options = {"servers": server.url, "user": "u", "password": "pw-42"}
+        api = JetStreamApi(connect(ConnectionOptions.parse(options)))
+        api.create_stream(partitioned_stream_config("Perm", "perm.*", 2))
+        try:
+            refused = rf"may not {denied} to _SPARK_JETSTREAM\.owner\.Perm\.g \(a permissions violation\): allow it"
+            with pytest.raises(GroupConfigError, match=refused):
+                Coordinator(SourceConfig.parse({**options, "stream": "Perm", "group": "g"}))
+        finally:
+            disconnect(ConnectionOptions.parse(options))
