@@ -218,10 +218,12 @@ print("                  to", source.endOffset)
 # MAGIC last one and stops, from the same checkpoint. Write to a table in both cases:
 # MAGIC
 # MAGIC ```python
+# MAGIC orders_table = parse_orders(
+# MAGIC     spark.readStream.format("jetstream").options(**NATS).option("stream", STREAM).option("group", GROUP).load()
+# MAGIC )
 # MAGIC (
-# MAGIC     parse_orders(spark.readStream.format("jetstream").options(**NATS).option("stream", STREAM).option("group", GROUP).load())
-# MAGIC     .writeStream.option("checkpointLocation", f"{WORK_DIR}/orders_table")
-# MAGIC     .trigger(availableNow=True)  # serverless: on a schedule; classic: processingTime or no trigger
+# MAGIC     orders_table.writeStream.option("checkpointLocation", f"{WORK_DIR}/orders_table")
+# MAGIC     .trigger(availableNow=True)  # serverless: on a schedule; classic: processingTime, or no trigger
 # MAGIC     .toTable("orders")
 # MAGIC )
 # MAGIC ```
