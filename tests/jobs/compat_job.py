@@ -19,7 +19,7 @@ import json
 import time
 
 import pyspark
-from pyspark.sql import SparkSession
+from local_spark import local_session
 from pyspark.sql import functions as F
 
 
@@ -30,13 +30,7 @@ def main() -> None:
     parser.add_argument("--max", type=int, required=True)
     parser.add_argument("--count", type=int, required=True)
     args = parser.parse_args()
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_session()
 
     def source(group: str, **options: object):
         reader = (

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from pyspark.sql import SparkSession
+from local_spark import local_session
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType
 
@@ -23,13 +23,7 @@ def main() -> None:
     parser.add_argument("--ack-policy", default="explicit", help="the source's ackPolicy option")
     args = parser.parse_args()
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_session()
     delay = args.slow_ms / 1000
 
     @F.udf(LongType())
