@@ -89,6 +89,28 @@ class MemberConsumers:
             for name in stale:
                 self._delete(name)
 
+    def check_unchanged(self) -> None:
+        """Raise when another client changed a member consumer since this query made it: a pcgroups
+        member joining the same group, for one, rewrites ``ack_wait``, ``priority_timeout`` and
+        ``max_ack_pending`` with its own template. Name the fields, old -> new."""
+        metadata = {OWNER_METADATA_KEY: self.owner}
+        for member, info in self.infos().items():
+            consumer = self.layout.consumer(member)
+            if info is None:
+                raise GroupConfigError(
+                    f"Member consumer {consumer!r} on stream {self.stream!r} was deleted by another client while "
+                    "this query reads it: stop that client, or give Spark a group of its own; restarting the query "
+                    "makes the consumer again."
+                )
+            changes = _changes(self.layout.consumer_config(member, self.ack_wait, metadata, self.ack_policy), info)
+            if changes:
+                raise GroupConfigError(
+                    f"Member consumer {consumer!r} on stream {self.stream!r} was changed by another client while "
+                    f"this query reads it ({'; '.join(changes)}): stop that client (a pcgroups member or tool that "
+                    f"joins group {self.layout.group!r} rewrites its member consumers), or give Spark a group of "
+                    "its own; restarting the query makes the consumers again."
+                )
+
     def _check_existing_ack_policy(self, existing: dict[str, dict[str, Any]]) -> None:
         """An ack policy cannot be changed on a consumer: say so before the server refuses the update."""
         wanted = self.ack_policy
@@ -196,3 +218,32 @@ class MemberConsumers:
                 consumer = self.layout.consumer(member)
                 log.info("Moving %s's ack floor from %d to the checkpoint %d", consumer, floor, committed)
         self._reset_all(committed, retention)
+
+
+_DURATIONS = ("ack_wait", "priority_timeout")
+
+
+def _changes(wanted: dict[str, Any], info: dict[str, Any]) -> list[str]:
+    """``field old -> new`` for each field of ``wanted`` the consumer's config no longer has."""
+
+    def shown(key: str, value: Any) -> str:
+        if key in _DURATIONS and isinstance(value, int):
+            return f"{value / 1e9:g}s"
+        return "(none)" if value is None else repr(value) if isinstance(value, str) else str(value)
+
+    config = info["config"]
+    changes = []
+    for key, value in wanted.items():
+        if key == "metadata":
+            for name, expected in value.items():
+                found = (config.get("metadata") or {}).get(name)
+                if found != expected:
+                    changes.append(f"metadata {name} {shown(name, expected)} -> {shown(name, found)}")
+        elif key == "filter_subjects":
+            single = config.get("filter_subject")
+            found = config.get("filter_subjects") or ([single] if single else [])
+            if found != value:
+                changes.append(f"filter_subjects {value} -> {found}")
+        elif config.get(key) != value:
+            changes.append(f"{key} {shown(key, value)} -> {shown(key, config.get(key))}")
+    return changes

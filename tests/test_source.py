@@ -304,6 +304,35 @@ def test_a_second_query_on_the_same_group_is_refused(spark, nats_server, make_st
         first.stop()
 
 
+def test_a_member_consumer_changed_by_another_client_is_named_with_the_changed_fields(
+    spark, nats_server, api, make_stream, tmp_path
+):
+    """What a pcgroups member joining the group does to a member consumer (issue 17): the next batch
+    is refused, naming the consumer and each field, old -> new."""
+    stream = make_stream(500, partitions=2)
+    query = (
+        reader(spark, nats_server.url, stream)
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        config = api.consumer_info(stream.name, stream.consumer(0))["config"]
+        metadata = {k: v for k, v in config["metadata"].items() if not k.startswith("_nats")}
+        changed = {**config, "metadata": metadata, "ack_wait": 5 * 10**9, "priority_timeout": 5 * 10**9}
+        api.create_consumer(stream.name, changed, action="update")
+        publish_all(api.conn, ((f"{stream.messages[1][0]}", b"more", None) for _ in range(10)))
+        with pytest.raises(Exception) as caught:
+            query.awaitTermination(60)
+        assert (
+            f"Member consumer '{stream.consumer(0)}' on stream '{stream.name}' was changed by another client while "
+            "this query reads it (ack_wait 3600s -> 5s; priority_timeout 120s -> 5s): stop that client"
+        ) in error_text(caught.value)
+    finally:
+        query.stop()
+
+
 FRESH = Path(__file__).parent / "jobs" / "fresh_session.py"
 
 
