@@ -252,9 +252,10 @@ class GroupConfig:
                 fail(f"the partitioning wildcards of {f.filter!r} must be distinct positions in 1..{stars}")
 
     def mapping(self) -> dict[str, list[int]]:
-        """Member -> partitions: explicit mappings, or the balanced mapping of ``members``."""
+        """Member -> partitions: explicit mappings in their own order (which pcgroups keeps in the
+        filter subjects), or the balanced mapping of ``members``."""
         if self.member_mappings:
-            return {member: sorted(partitions) for member, partitions in self.member_mappings}
+            return {member: list(partitions) for member, partitions in self.member_mappings}
         return balanced_mapping(self.members, self.max_members)
 
     def member_filters(self, partitions: Sequence[int]) -> list[str]:

@@ -10,7 +10,7 @@ from pyspark.sql import DataFrame
 
 from spark_jetstream.errors import GroupConfigError
 from spark_jetstream.group_admin import change_members, create_group, delete_group, load_group, status
-from spark_jetstream.groups import GroupConfig, PartitioningFilter, work_stream_name
+from spark_jetstream.groups import GroupConfig, PartitioningFilter, layout_from_config, work_stream_name
 from spark_jetstream.publish import publish_all
 
 
@@ -41,6 +41,14 @@ def test_pcgroups_json_round_trips_and_validation_names_the_problem():
     for text, problem in cases.items():
         with pytest.raises(GroupConfigError, match=problem.replace("[", r"\[").replace("]", r"\]")):
             GroupConfig.from_json("static", text, "test config")
+
+
+def test_explicit_mappings_keep_their_partition_order_in_the_filter_subjects():
+    """As pcgroups does: its tools re-create a member consumer whose filter list differs."""
+    mappings = [{"member": "b", "partitions": [3, 1]}, {"member": "a", "partitions": [2, 0]}]
+    raw = json.dumps({"max_members": 4, "member_mappings": mappings})
+    layout = layout_from_config("S", "g", GroupConfig.from_json("static", raw, "test config"))
+    assert {m.name: list(m.filter_subjects) for m in layout.members} == {"a": ["2.>", "0.>"], "b": ["3.>", "1.>"]}
 
 
 def test_elastic_membership_changes_between_batches_lose_and_double_nothing(spark, nats_server, api, tmp_path):
