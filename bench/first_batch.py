@@ -96,6 +96,42 @@ def child(kind: str, servers: str, stream: str, group: str, messages: int) -> di
     }
 
 
+def measure(servers: str, stream: str, messages: int, rounds: int, log: bool = True) -> dict[str, list[dict]]:
+    """Every contender ``rounds`` times, interleaved, each in a fresh process, on ``stream`` (which
+    holds ``messages`` messages partitioned 4 ways); a new group per round."""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    runs: dict[str, list[dict]] = {kind: [] for kind in CONTENDERS}
+    for round_ in range(rounds):
+        for kind in CONTENDERS:
+            done = subprocess.run(
+                [sys.executable, __file__, "--child", kind, servers, stream, f"first{round_}", str(messages)],
+                capture_output=True, text=True, env=env, cwd=Path(__file__).parent, check=False,
+            )  # fmt: skip
+            if done.returncode:
+                sys.exit(f"{kind} failed:\n{done.stderr[-3000:]}")
+            runs[kind].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            if log:
+                print(f"round {round_ + 1} {kind:<12} {json.dumps(runs[kind][-1])}", flush=True)
+    return runs
+
+
+def together(runs: list[dict]) -> float:
+    """Median of load() plus the first batch."""
+    return statistics.median(r["load"] + r["first_batch"] for r in runs)
+
+
+def first_batch(runs: list[dict]) -> float:
+    return statistics.median(r["first_batch"] for r in runs)
+
+
+def print_table(runs: dict[str, list[dict]]) -> None:
+    print(f"\n{'source':<12}{'load() s':>10}{'first batch s':>15}{'together s':>12}{'rows':>9}")
+    for kind, done in runs.items():
+        load = statistics.median(r["load"] for r in done)
+        rows = int(statistics.median(r["rows"] for r in done))
+        print(f"{kind:<12}{load:>10.2f}{first_batch(done):>15.2f}{together(done):>12.2f}{rows:>9}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -119,35 +155,12 @@ def main() -> None:
         JetStreamApi(conn).create_stream(partitioned_stream_config("FIRST", "first.*", 4))
         publish_all(conn, ((f"first.k{i % 1000}", b"x" * 100, None) for i in range(args.messages)))
         close_all()
-        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
-        runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in CONTENDERS}
-        for round_ in range(args.rounds):
-            for kind in CONTENDERS:
-                done = subprocess.run(
-                    [sys.executable, __file__, "--child", kind, server.url, "FIRST", f"g{round_}", str(args.messages)],
-                    capture_output=True, text=True, env=env, cwd=Path(__file__).parent, check=False,
-                )  # fmt: skip
-                if done.returncode:
-                    sys.exit(f"{kind} failed:\n{done.stderr[-3000:]}")
-                runs[kind].append(json.loads(done.stdout.strip().splitlines()[-1]))
-                print(f"round {round_ + 1} {kind:<12} {json.dumps(runs[kind][-1])}", flush=True)
-
-    def median(kind: str, key: str) -> float:
-        return statistics.median(r[key] for r in runs[kind])
-
-    print(f"\n{'source':<12}{'load() s':>10}{'first batch s':>15}{'together s':>12}{'rows':>9}")
-    for kind in CONTENDERS:
-        together = statistics.median(r["load"] + r["first_batch"] for r in runs[kind])
-        rows = int(median(kind, "rows"))
-        print(f"{kind:<12}{median(kind, 'load'):>10.2f}{median(kind, 'first_batch'):>15.2f}{together:>12.2f}{rows:>9}")
-
-    def together(kind: str) -> float:
-        return statistics.median(r["load"] + r["first_batch"] for r in runs[kind])
-
+        runs = measure(server.url, "FIRST", args.messages, args.rounds)
+    print_table(runs)
     print(
-        f"\njetstream / python-noio: {together('jetstream') / together('python-noio'):.2f} (target <= 1.3); "
-        f"jetstream / rate: {together('jetstream') / together('rate'):.2f}; "
-        f"jetstream first batch {median('jetstream', 'first_batch'):.2f} s (target < 5 s)"
+        f"\njetstream / python-noio: {together(runs['jetstream']) / together(runs['python-noio']):.2f} "
+        f"(target <= 1.3); jetstream / rate: {together(runs['jetstream']) / together(runs['rate']):.2f}; "
+        f"jetstream first batch {first_batch(runs['jetstream']):.2f} s (target < 5 s)"
     )
 
 

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import first_batch
 from pull_reader import STREAM, SUBJECTS, messages, server_version
 from scaling import Cpu, CpuWatch, Measured, mapping_text, measure, print_spark_table
 from stream_read import (
@@ -82,7 +83,9 @@ from spark_jetstream.publish import Message, publish_all
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-SCENARIOS = ("read", "scaling", "latency", "write", "memory")
+SCENARIOS = ("read", "scaling", "latency", "write", "memory", "first-batch")
+FIRST_BATCH_MESSAGES = 100_000
+FIRST_BATCH_TARGET = 1.3  # load() plus the first batch, against a Python source that does no I/O
 NAIVE_DIR = Path(__file__).resolve().parents[2] / "shared" / "bench"
 NAIVE_FORMAT = "naive-jetstream"
 READ_PARTITIONS = 4
@@ -860,12 +863,37 @@ def scenario_memory(suite: Suite) -> None:
     suite.api.delete_stream("MEM")
 
 
+def scenario_first_batch(suite: Suite) -> None:
+    """Time to the first batch in a fresh process (bench/first_batch.py), 100,000 messages waiting:
+    the connector against a Python source that does no I/O (every Python source's floor) and Spark's
+    ``rate`` source, three interleaved rounds, medians."""
+    heading(f"first batch: load() + first batch in a fresh process, {FIRST_BATCH_MESSAGES:,} messages waiting")
+    suite.fresh_stream("FIRST", "first.*", 4)
+    payload, count = b"x" * SIZE, FIRST_BATCH_MESSAGES
+    publish(suite.conn, "first-batch", ((f"first.k{i % SUBJECTS}", payload, None) for i in range(count)), count)
+    runs = first_batch.measure(suite.url, "FIRST", FIRST_BATCH_MESSAGES, rounds=3, log=False)
+    first_batch.print_table(runs)
+    connector, floor = first_batch.together(runs["jetstream"]), first_batch.together(runs["python-noio"])
+    suite.summary.append(
+        Summary(
+            "first batch: connector vs no-I/O Python source (s)",
+            connector,
+            floor,
+            "s",
+            f"<= {FIRST_BATCH_TARGET:g}x",
+            connector / floor <= FIRST_BATCH_TARGET,
+        )
+    )
+    suite.api.delete_stream("FIRST")
+
+
 RUNNERS: dict[str, Callable[[Suite], None]] = {
     "read": scenario_read,
     "scaling": scenario_scaling,
     "latency": scenario_latency,
     "write": scenario_write,
     "memory": scenario_memory,
+    "first-batch": scenario_first_batch,
 }
 
 
