@@ -282,22 +282,17 @@ def test_purged_messages_fail_the_query_or_are_skipped(spark, nats_server, api, 
     assert seqs == [*range(1, 1001), *range(1201, 1501)]
 
 
+def noop_query(spark: SparkSession, url: str, stream, checkpoint: Path) -> StreamingQuery:
+    """A query on ``stream``'s group into the ``noop`` sink, with the default trigger."""
+    return reader(spark, url, stream).writeStream.format("noop").option("checkpointLocation", str(checkpoint)).start()
+
+
 def test_a_second_query_on_the_same_group_is_refused(spark, nats_server, make_stream, tmp_path):
     stream = make_stream(500, partitions=2)
-    first = (
-        reader(spark, nats_server.url, stream)
-        .writeStream.format("noop")
-        .option("checkpointLocation", str(tmp_path / "cp1"))
-        .start()
-    )
+    first = noop_query(spark, nats_server.url, stream, tmp_path / "cp1")
     try:
         first.processAllAvailable()
-        second = (
-            reader(spark, nats_server.url, stream)
-            .writeStream.format("noop")
-            .option("checkpointLocation", str(tmp_path / "cp2"))
-            .start()
-        )
+        second = noop_query(spark, nats_server.url, stream, tmp_path / "cp2")
         with pytest.raises(Exception, match=f"Group '{stream.group}' on stream '{stream.name}' is already read by"):
             second.awaitTermination(60)
     finally:
@@ -310,12 +305,7 @@ def test_a_member_consumer_changed_by_another_client_is_named_with_the_changed_f
     """What a pcgroups member joining the group does to a member consumer (issue 17): the next batch
     is refused, naming the consumer and each field, old -> new."""
     stream = make_stream(500, partitions=2)
-    query = (
-        reader(spark, nats_server.url, stream)
-        .writeStream.format("noop")
-        .option("checkpointLocation", str(tmp_path / "cp"))
-        .start()
-    )
+    query = noop_query(spark, nats_server.url, stream, tmp_path / "cp")
     try:
         query.processAllAvailable()
         config = api.consumer_info(stream.name, stream.consumer(0))["config"]
@@ -540,12 +530,7 @@ def test_an_idle_query_does_not_hammer_the_server(spark, nats_server, make_strea
         with urllib.request.urlopen(f"http://127.0.0.1:{nats_server.monitor_port}/jsz") as response:
             return json.load(response)["api"]["total"]
 
-    query = (
-        reader(spark, nats_server.url, stream)
-        .writeStream.format("noop")
-        .option("checkpointLocation", str(tmp_path / "cp"))
-        .start()
-    )
+    query = noop_query(spark, nats_server.url, stream, tmp_path / "cp")
     try:
         query.processAllAvailable()
         before = api_calls()
