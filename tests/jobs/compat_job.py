@@ -19,7 +19,7 @@ import json
 import time
 
 import pyspark
-from local_spark import local_session
+from local_spark import bounded_read, local_session
 from pyspark.sql import functions as F
 
 
@@ -81,14 +81,7 @@ def main() -> None:
         query.awaitTermination(120)
         result[name] = input_rows(query)
 
-    bounded = (
-        spark.read.format("jetstream")
-        .option("servers", args.servers)
-        .option("stream", args.stream)
-        .option("startingPosition", 11)
-        .option("endingPosition", 110)
-        .load()
-    )
+    bounded = bounded_read(spark, args.servers, args.stream, 11, 110)
     bounded.write.parquet(f"{args.out}/batch/out")
 
     copy = source("copy", includeHeaders="true").select(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from local_spark import bounded_read
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -49,14 +50,7 @@ def main() -> None:
         raise RuntimeError(str(query.exception()))
     result["batches"] = [p.numInputRows for p in query.recentProgress if p.numInputRows]
 
-    bounded = (
-        spark.read.format("jetstream")
-        .option("servers", args.servers)
-        .option("stream", args.stream)
-        .option("startingPosition", 1)
-        .option("endingPosition", 50)
-        .load()
-    )
+    bounded = bounded_read(spark, args.servers, args.stream, 1, 50)
     result["batch_seqs"] = sorted(row.seq for row in bounded.select("seq").collect())
 
     bounded.select(F.lit(args.target).alias("subject"), "data").write.format("jetstream").option(

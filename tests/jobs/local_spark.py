@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 
 def local_session(master: str = "local[2]", **conf: str) -> SparkSession:
@@ -13,3 +13,9 @@ def local_session(master: str = "local[2]", **conf: str) -> SparkSession:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def bounded_read(spark: SparkSession, servers: str, stream: str, first: int, last: int) -> DataFrame:
+    """``spark.read.format("jetstream")`` of seqs ``first..last`` (both included)."""
+    reader = spark.read.format("jetstream").option("servers", servers).option("stream", stream)
+    return reader.option("startingPosition", first).option("endingPosition", last).load()
