@@ -33,6 +33,7 @@ class SourceConfig:
     include_headers: bool = default_of("includeHeaders")
     ack_wait: float = default_of("ackWait")
     ack_policy: str = default_of("ackPolicy")
+    direct_batch: int = default_of("directGetBatch")
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> SourceConfig:

@@ -331,7 +331,7 @@ OPTIONS: tuple[Option, ...] = (
         parse_positive_int,
         10_000,
         "Messages asked for by one Direct Get request.",
-        frozenset({BATCH}),
+        READ,
         "read",
         attr="direct_batch",
         minimum=1,

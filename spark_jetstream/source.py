@@ -1,6 +1,7 @@
 """The Spark-facing layer: the ``jetstream`` data source and its stream reader. Thin: it
-converts Spark's offsets and read limits and delegates to the coordinator (driver) and the
-pinned pull reader (executors); batch reads live in ``batch.py``, writes in ``sink.py``.
+converts Spark's offsets and read limits and delegates to the coordinator (driver) and, in
+executors, to Direct Get reads (``direct.py``; the pinned pull reader ``pull.py`` on streams
+without Direct Get); batch reads live in ``batch.py``, writes in ``sink.py``.
 
 >>> spark.readStream.format("jetstream").option("servers", "nats://localhost:4222") \\
 ...     .option("stream", "orders").option("group", "spark").load()
@@ -16,6 +17,7 @@ import pyarrow as pa
 from .config import SourceConfig
 from .connection import connect
 from .coordinator import Coordinator
+from .direct import SeqRange, read_range
 from .offsets import Watermark
 from .options import LOAD, parse_options
 from .planning import Limits
@@ -30,8 +32,16 @@ if TYPE_CHECKING:
     from .sink import JetStreamBatchWriter, JetStreamStreamWriter
 
 
+class RangePartition(InputPartition):
+    """One Spark input partition read with Direct Get: one filter subject's seq range."""
+
+    def __init__(self, seq_range: SeqRange) -> None:
+        super().__init__(seq_range)
+        self.range = seq_range
+
+
 class MemberPartition(InputPartition):
-    """One Spark input partition: one member consumer and the batch's range."""
+    """One Spark input partition pulled from a member consumer (a stream without Direct Get)."""
 
     def __init__(self, member: MemberRange) -> None:
         super().__init__(member)
@@ -76,7 +86,8 @@ class JetStreamDataSource(DataSource):
 
 
 class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
-    """Micro-batches are seq ranges of the stream; each member of the group is one partition.
+    """Micro-batches are seq ranges of the stream; each group partition with messages in the batch is
+    one Spark partition (each member, on a stream without Direct Get).
 
     Driver-side methods run on one instance in one long-lived process per query run and share
     a ``Coordinator``; ``read`` runs in executors on a pickled copy that never creates one.
@@ -141,11 +152,15 @@ class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         self._position = end
         ranges = self.coordinator.plan(self._watermark(start), self._watermark(end))
-        return [MemberPartition(member) for member in ranges]
+        return [RangePartition(r) if isinstance(r, SeqRange) else MemberPartition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, MemberPartition)
-        yield from read_member(connect(self.config.connection), partition.member, self.config.pull)
+        conn = connect(self.config.connection)
+        if isinstance(partition, RangePartition):
+            yield from read_range(conn, partition.range)
+        else:
+            assert isinstance(partition, MemberPartition)
+            yield from read_member(conn, partition.member, self.config.pull)
 
     def commit(self, end: dict[str, Any]) -> None:
         self.coordinator.commit(self._watermark(end))

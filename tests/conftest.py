@@ -133,7 +133,8 @@ class PartitionedStream:
 @pytest.fixture
 def make_stream(api: JetStreamApi, conn: Connection) -> Iterator[Callable[..., PartitionedStream]]:
     """Factory: ``make_stream(count, partitions=4, headers=False)`` -> a filled ``PartitionedStream``
-    (of ``retention``) with a member consumer of ack policy ``consumers`` per partition."""
+    (of ``retention``; ``direct=False``: without Direct Get, so queries pull) with a member consumer
+    of ack policy ``consumers`` per partition."""
     created: list[str] = []
 
     def make(
@@ -143,10 +144,12 @@ def make_stream(api: JetStreamApi, conn: Connection) -> Iterator[Callable[..., P
         seed: int = 7,
         consumers: str = "explicit",
         retention: str = "limits",
+        direct: bool = True,
     ) -> PartitionedStream:
         n = next(_names)
         stream = PartitionedStream(name=f"T{n}_{os.getpid()}", group=f"g{n}", partitions=partitions)
-        api.create_stream(partitioned_stream_config(stream.name, f"ev{n}.*", partitions, retention=retention))
+        config = partitioned_stream_config(stream.name, f"ev{n}.*", partitions, retention=retention)
+        api.create_stream({**config, "allow_direct": direct})
         created.append(stream.name)
         rng = random.Random(seed)
         batch = []

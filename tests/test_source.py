@@ -171,11 +171,14 @@ def test_between_batches_every_ack_floor_equals_the_last_committed_offset(
     assert set(ack_floors(api, stream).values()) == {stream.last_seq}
 
 
-@EACH_ACK_POLICY
-def test_driver_killed_mid_batch_restarts_exactly_once(ack_policy, spark, nats_server, api, make_stream, tmp_path):
-    """With ``ackPolicy=none`` the kill waits until a floor ran ahead of the checkpoint (delivery is
-    the ack there), so the restart must move it back and replay the batch."""
-    stream = make_stream(6000, partitions=4, consumers=ack_policy)
+@pytest.mark.parametrize(("ack_policy", "direct"), [("explicit", True), ("none", True), ("none", False)])
+def test_driver_killed_mid_batch_restarts_exactly_once(
+    ack_policy, direct, spark, nats_server, api, make_stream, tmp_path
+):
+    """Pulling with ``ackPolicy=none`` (a stream without Direct Get), the kill waits until a floor ran
+    ahead of the checkpoint (delivery is the ack there), so the restart must move it back and replay
+    the batch. Direct Get reads never move a floor."""
+    stream = make_stream(6000, partitions=4, consumers=ack_policy, direct=direct)
     out, checkpoint = tmp_path / "out", tmp_path / "cp"
     args = [sys.executable, str(JOB), "--servers", nats_server.url, "--stream", stream.name, "--group",
             stream.group, "--out", str(out), "--checkpoint", str(checkpoint), "--ack-policy", ack_policy]  # fmt: skip
@@ -186,7 +189,7 @@ def test_driver_killed_mid_batch_restarts_exactly_once(ack_policy, spark, nats_s
 
     def ready() -> bool:
         return mid_batch(checkpoint) and (
-            ack_policy == "explicit" or max(ack_floors(api, stream).values(), default=0) > committed()
+            direct or ack_policy == "explicit" or max(ack_floors(api, stream).values(), default=0) > committed()
         )
 
     run_then_kill([*args, "--max-per-trigger", "1000", "--slow-ms", "2"], ready, 180)
