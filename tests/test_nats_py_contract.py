@@ -1,0 +1,163 @@
+"""The nats-py internals the connector relies on, listed once and checked against the installed nats-py.
+
+The hot paths (the lean protocol parser, raw subscriptions, the pipelined publisher) and the TLS guard
+reach under nats-py's public API. setup.cfg pins nats-py to one minor version; when that pin moves,
+these tests say which internal changed instead of a pull or a write failing in production. Every entry
+names where the package uses it. Only the last test needs a server (what exists only once connected).
+"""
+
+from __future__ import annotations
+
+import configparser
+import inspect
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client
+from nats.aio.subscription import Subscription
+from nats.aio.transport import TcpTransport
+from nats.protocol import parser
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CLIENT_ATTRIBUTES = {
+    # attribute set by Client.__init__: where the package uses it
+    "_ps": "connection._RawClient.__init__ swaps in protocol.FastParser (the lean MSG/HMSG parser)",
+    "_subs": "connection.Connection.unsubscribe_raw, ownership.GroupClaim.release (sid -> Subscription)",
+    "_server_info": "connection._check_version (the server's version from INFO)",
+    "_current_server": "connection._RawClient._connect_command, _tls_active (the URL being connected to)",
+    "_transport": "connection._RawClient._tls_active (is the connection TLS?)",
+    "_pending": "publish.Publisher.send (appends whole PUB/HPUB commands to the write buffer)",
+    "_pending_data_size": "publish.Publisher.send (counts the bytes it appended)",
+    "_flush_queue": "publish.Publisher.send (kicks the flusher when it is idle)",
+}
+
+CLIENT_METHODS = {
+    # method: (its parameters after self, where the package uses or overrides it)
+    "_process_info": (["info", "initial_connection"], "connection._RawClient overrides it (asks for TLS)"),
+    "_connect_command": ([], "connection._RawClient overrides it (no CONNECT over plain text when TLS was asked)"),
+    "_process_msg": (
+        ["sid", "subject", "reply", "data", "headers"],
+        "connection._RawClient overrides it; protocol.FastParser calls it for other subscriptions",
+    ),
+    "_flush_pending": (["force_flush"], "publish.Publisher.send calls it with no argument"),
+}
+
+SOURCE_FACTS = [
+    # (function, text its source must contain, what the package relies on, where)
+    (
+        Client._process_connect_init,
+        "self._server_info = srv_info",
+        "the INFO dict _process_info gets is the one the TLS upgrade then reads",
+        "connection._RawClient._process_info",
+    ),
+    (
+        Client._process_connect_init,
+        "await self._process_info(srv_info, initial_connection=True)",
+        "_process_info sees the first INFO before the TLS decision",
+        "connection._RawClient._process_info",
+    ),
+    (
+        Client._process_connect_init,
+        "connect_cmd = self._connect_command()",
+        "CONNECT (the credentials) is built after the TLS upgrade, right before it is sent",
+        "connection._RawClient._connect_command",
+    ),
+    (
+        Client._read_loop,
+        "await self._ps.parse(b)",
+        "every read goes through self._ps, so the parser swapped in __init__ sees all data",
+        "connection._RawClient.__init__",
+    ),
+    (
+        Client._send_command,
+        "self._pending.append(cmd)",
+        "the write buffer is a list of byte chunks plus a byte count, as Publisher.send fills it",
+        "publish.Publisher.send",
+    ),
+    (
+        parser.Parser.parse,
+        "await self.nc._process_msg(sid, subject, reply, payload, hdr)",
+        "nats-py's parser hands a message over positionally, as FastParser does",
+        "protocol.FastParser.parse",
+    ),
+    (
+        Subscription.__init__,
+        "self._id = id",
+        "a subscription's sid is its _id, the key of Client._subs and of the raw handlers",
+        "connection.Connection.subscribe_raw, ownership.GroupClaim.claim",
+    ),
+    (
+        TcpTransport.connect_tls,
+        "self._io_writer",
+        "a TCP transport keeps its (TLS) stream writer in _io_writer",
+        "connection._RawClient._tls_active",
+    ),
+]
+
+
+def test_the_installed_nats_py_is_the_pinned_one():
+    """The facts below are checked against the installed nats-py: it must be the version setup.cfg pins."""
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg")
+    requirements = [Requirement(line) for line in setup["options"]["install_requires"].split("\n") if line.strip()]
+    nats_py = next(r for r in requirements if r.name == "nats-py")
+    assert nats_py.specifier.contains(version("nats-py")), f"installed nats-py {version('nats-py')} vs {nats_py}"
+
+
+@pytest.mark.parametrize("name", sorted(CLIENT_ATTRIBUTES))
+def test_client_attributes(name):
+    assert hasattr(Client(), name), f"nats-py's Client has no {name} any more: used by {CLIENT_ATTRIBUTES[name]}"
+
+
+@pytest.mark.parametrize("name", sorted(CLIENT_METHODS))
+def test_client_methods(name):
+    params, where = CLIENT_METHODS[name]
+    method = getattr(Client, name, None)
+    assert callable(method), f"nats-py's Client has no {name} any more: {where}"
+    assert list(inspect.signature(method).parameters)[1:] == params, f"Client.{name} changed its parameters: {where}"
+
+
+@pytest.mark.parametrize(
+    ("function", "text", "why", "where"),
+    SOURCE_FACTS,
+    ids=[f"{fact[0].__qualname__}-{n}" for n, fact in enumerate(SOURCE_FACTS)],
+)
+def test_source_facts(function, text, why, where):
+    assert text in inspect.getsource(function), f"{function.__qualname__} changed: {why} ({where})"
+
+
+def test_parser_internals():
+    """protocol.FastParser subclasses Parser and works on its buffer and state between calls."""
+    parsed = parser.Parser(nc="client")
+    assert parsed.nc == "client"
+    assert isinstance(parsed.buf, bytearray)
+    assert parsed.state == parser.AWAITING_CONTROL_LINE
+    assert list(inspect.signature(parser.Parser.parse).parameters) == ["self", "data"]
+    assert list(inspect.signature(parser.Parser.reset).parameters) == ["self"]
+
+
+def test_the_raw_client_keeps_its_parser():
+    """connection._RawClient's parser is the lean one, and nats-py's own reset() keeps it (reconnects)."""
+    from spark_jetstream.connection import _RawClient
+    from spark_jetstream.protocol import FastParser
+
+    client = _RawClient()
+    assert isinstance(client._ps, FastParser)
+    client._ps.reset()
+    assert isinstance(client._ps, FastParser) and client._ps.state == parser.AWAITING_CONTROL_LINE
+
+
+def test_internals_of_a_connected_client(conn):
+    """What exists only once connected: the server's INFO, the flusher's queue, the TCP writer, sids."""
+    client = conn.client
+    assert client._server_info.get("version")
+    assert client._flush_queue is not None
+    assert client._transport._io_writer is not None
+    _, sid = conn.run(conn.subscribe_raw(lambda *_: None))
+    try:
+        assert client._subs[sid]._id == sid
+    finally:
+        conn.run(conn.unsubscribe_raw(sid))
