@@ -33,7 +33,8 @@ def test_commands_carry_exactly_the_headers_asked_for(deduplicate, expected, col
     import pyarrow as pa
 
     from spark_jetstream.connection import ConnectionOptions
-    from spark_jetstream.sink import Columns, SinkConfig, _Commands, _value_range
+    from spark_jetstream.sink_commands import Commands, value_range
+    from spark_jetstream.sink_config import Columns, SinkConfig
 
     names = columns.split(",")
     values = {
@@ -53,13 +54,13 @@ def test_commands_carry_exactly_the_headers_asked_for(deduplicate, expected, col
         expected_stream=expected,
     )
     at = {n: names.index(n) if n in names else None for n in values}
-    builder = _Commands(
+    builder = Commands(
         config,
         Columns(data=at["data"], subject=at["subject"], headers=at["headers"], msg_id=at["msg_id"]),
         "q:7:1:",
         1 << 20,
     )
-    commands = _commands(bytes(_value_range(builder.build(rows, 40, b"_INBOX.r."))))
+    commands = _commands(bytes(value_range(builder.build(rows, 40, b"_INBOX.r."))))
 
     for i, (subject, reply, lines, payload) in enumerate(commands):
         assert (subject, reply, payload) == (
