@@ -28,35 +28,24 @@ Run it from the repository root::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from common import GROUP, STREAM, SUBJECTS, messages, server_version
+from raw_pull import raw_drain
 
 from spark_jetstream.connection import Connection, ConnectionOptions, close_all, connect
 from spark_jetstream.embedded import EmbeddedServer
 from spark_jetstream.groups import member_consumer_config, partition_filters, partitioned_stream_config
-from spark_jetstream.jsapi import PRIORITY_GROUP, JetStreamApi
-from spark_jetstream.publish import Message, publish_all
+from spark_jetstream.jsapi import JetStreamApi
+from spark_jetstream.publish import publish_all
 from spark_jetstream.pull import MemberRange, PullSettings, read_member
 
-STREAM = "BENCH"
-GROUP = "bench"
-SUBJECTS = 1024
 TARGET_RATIO = 0.7
-
-BATCH = 1000
-EXPIRES_NS = 5_000_000_000
-RECV_SIZE = 1 << 20
-INBOX = b"_INBOX.bench"
-CONNECT = b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"no_responders":true,"protocol":1}\r\nPING\r\n'
-ACK_PREFIX = b"$JS.ACK."
-STATUS_4XX = b"NATS/1.0 4"
-PIN_HEADER = b"Nats-Pin-Id:"
 
 
 @dataclass(frozen=True)
@@ -84,136 +73,7 @@ def setup(api: JetStreamApi, partitions: int, storage: str) -> list[str]:
     return consumers
 
 
-def messages(count: int, size: int) -> Iterator[Message]:
-    subjects = [f"ev.k{k}" for k in range(SUBJECTS)]
-    payload = os.urandom(size)
-    for i in range(count):
-        yield subjects[i % SUBJECTS], payload, None
-
-
 # -- the raw baseline --------------------------------------------------------------------------
-
-
-class RawSocket:
-    """A blocking socket with a receive buffer: just enough NATS protocol for a pull loop."""
-
-    def __init__(self, address: tuple[str, int]) -> None:
-        self.sock = socket.create_connection(address)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.buf = bytearray()
-        self.pos = 0
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def fill(self) -> None:
-        """Drop what was parsed, then append the next chunk from the socket."""
-        del self.buf[: self.pos]
-        self.pos = 0
-        chunk = self.sock.recv(RECV_SIZE)
-        if not chunk:
-            raise ConnectionError("nats-server closed the connection")
-        self.buf += chunk
-
-    def line(self) -> bytes:
-        """The next control line, without its CRLF."""
-        while (eol := self.buf.find(b"\r\n", self.pos)) < 0:
-            self.fill()
-        line = bytes(self.buf[self.pos : eol])
-        self.pos = eol + 2
-        return line
-
-    def handshake(self) -> dict[str, object]:
-        """Read INFO, send CONNECT and PING, wait for PONG; return the server's INFO."""
-        info_line = self.line()
-        if not info_line.startswith(b"INFO "):
-            raise ConnectionError(f"expected INFO, got {info_line[:80]!r}")
-        self.sock.sendall(CONNECT)
-        while (line := self.line()) != b"PONG":
-            if line.startswith(b"-ERR"):
-                raise ConnectionError(line.decode(errors="replace"))
-        return json.loads(info_line[5:])
-
-
-def server_version(address: tuple[str, int]) -> str:
-    raw = RawSocket(address)
-    try:
-        return str(raw.handshake().get("version", "?"))
-    finally:
-        raw.close()
-
-
-def raw_drain(address: tuple[str, int], stream: str, consumer: str, inbox: bytes = INBOX) -> int:
-    """Pull every message of a freshly reset pinned consumer; return how many arrived.
-
-    Drains running at the same time need distinct ``inbox`` subjects: every connection
-    subscribed to a subject gets every message published to it.
-    """
-    raw = RawSocket(address)
-    try:
-        raw.handshake()
-        sock, buf = raw.sock, raw.buf
-        sock.sendall(b"SUB " + inbox + b" 1\r\n")
-        next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}".encode()
-        pin_id: str | None = None
-        count = 0
-        last_seq = 0
-        done = False
-        while not done:
-            request: dict[str, object] = {"batch": BATCH, "expires": EXPIRES_NS, "group": PRIORITY_GROUP}
-            if pin_id is not None:
-                request["id"] = pin_id
-            body = json.dumps(request).encode()
-            sock.sendall(b"PUB %s %s %d\r\n%s\r\n" % (next_subject, inbox, len(body), body))
-            in_batch = 0
-            batch_over = False
-            while not batch_over:
-                pos = raw.pos
-                eol = buf.find(b"\r\n", pos)
-                if eol < 0:
-                    raw.fill()  # in place: `buf` stays the same bytearray
-                    continue
-                if buf.startswith(b"HMSG ", pos) or buf.startswith(b"MSG ", pos):
-                    # HMSG <subject> <sid> [reply] <hdr_len> <total_len> / MSG <subject> <sid> [reply] <len>
-                    parts = buf[pos:eol].split()
-                    has_headers = parts[0] == b"HMSG"
-                    reply = parts[3] if len(parts) == (6 if has_headers else 5) else b""
-                    hdr_len = int(parts[-2]) if has_headers else 0
-                    start = eol + 2
-                    end = start + int(parts[-1])
-                    if len(buf) < end + 2:
-                        raw.fill()
-                        continue
-                    raw.pos = end + 2
-                    if reply.startswith(ACK_PREFIX):
-                        # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>
-                        tokens = reply.split(b".")
-                        last_seq = int(tokens[5])
-                        count += 1
-                        in_batch += 1
-                        if pin_id is None and hdr_len:
-                            at = buf.find(PIN_HEADER, start, start + hdr_len)
-                            if at >= 0:
-                                value_end = buf.find(b"\r\n", at)
-                                pin_id = buf[at + len(PIN_HEADER) : value_end].strip().decode()
-                        if tokens[8] == b"0":
-                            done = batch_over = True
-                        elif in_batch == BATCH:
-                            batch_over = True
-                    elif hdr_len and buf.startswith(STATUS_4XX, start):
-                        batch_over = True
-                elif buf.startswith(b"PING", pos):
-                    raw.pos = eol + 2
-                    sock.sendall(b"PONG\r\n")
-                elif buf.startswith(b"-ERR", pos):
-                    raise ConnectionError(bytes(buf[pos:eol]).decode(errors="replace"))
-                else:  # +OK, PONG, async INFO
-                    raw.pos = eol + 2
-        if last_seq <= 0:
-            raise RuntimeError(f"{consumer}: no stream sequence seen")
-        return count
-    finally:
-        raw.close()
 
 
 def run_baseline(

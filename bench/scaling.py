@@ -2,7 +2,7 @@
 
 One run starts a real nats-server (``EmbeddedServer``, file store in a temp dir), publishes
 ``--messages`` messages of ``--size`` bytes to 1,024 interleaved subjects ``ev.k<i % 1024>`` of a
-stream partitioned ``--partitions`` ways (8 by default; the set-up of ``bench/stream_read.py``),
+stream partitioned ``--partitions`` ways (8 by default; the set-up of ``bench/common.py``),
 creates one ``local[2]`` SparkSession, warms it up with a small query on a separate stream, and
 then reads the whole stream once per member count with
 ``spark.readStream.format("jetstream").option("members", M)`` into the ``noop`` sink with
@@ -10,7 +10,7 @@ then reads the whole stream once per member count with
 ``scale4r2`` on the second round of ``--repeat``), so each one starts at the beginning of the
 stream with new member consumers; the members 0..M-1 share the partitions in pcgroups' balanced
 mapping and every member with data is one Spark task. Rows are counted from the queries' progress
-(``bench/stream_read.py``'s ``run_spark``) and must equal ``--messages``; runs are timed from
+(``bench/common.py``'s ``run_spark``) and must equal ``--messages``; runs are timed from
 ``start()`` to the return of ``awaitTermination()``.
 
 It prints, per member count, the seconds, rows/s and speed-up against 1 member (best run of
@@ -25,7 +25,7 @@ machine, each run first waits (up to ``--wait`` seconds) until other processes u
 member count that has none).
 
 For reference, after ``spark.stop()`` it also drains the member consumers of the last runs with
-1 and with the most members with the raw-protocol pull loop of ``bench/pull_reader.py`` (reset
+1 and with the most members with the raw-protocol pull loop of ``bench/raw_pull.py`` (reset
 to seq 1 first, not timed): in 2 processes, as ``local[2]`` runs 2 tasks at once, and in one.
 
 Run it from the repository root::
@@ -42,28 +42,29 @@ import platform
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pull_reader import STREAM, SUBJECTS, messages, server_version
-from stream_read import (
-    PARALLEL,
+from common import (
+    STREAM,
+    SUBJECTS,
     WARMUP_GROUP,
     WARMUP_STREAM,
+    Cpu,
+    CpuWatch,
     Row,
     SparkRun,
     create_stream,
-    descendants,
+    messages,
     publish,
-    run_baseline_parallel,
-    run_baseline_sequential,
     run_spark,
+    server_version,
     start_spark,
     warmup_messages,
 )
+from raw_pull import PARALLEL, run_baseline_parallel, run_baseline_sequential
 
 from spark_jetstream.connection import ConnectionOptions, close_all, connect
 from spark_jetstream.embedded import EmbeddedServer
@@ -73,70 +74,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 GROUP_PREFIX = "scale"
-TICKS = os.sysconf("SC_CLK_TCK")
-MAX_OTHER_CPU = [0.1]
-"""``--max-other-cpu``: runs during which other processes used more of the cores do not count."""
-
-
-@dataclass(frozen=True)
-class Cpu:
-    """CPU used during a measurement: by this benchmark's processes (in cores) and by others (share of all cores)."""
-
-    own_cores: float
-    other_share: float
-
-
-def busy_ticks() -> int:
-    """Non-idle CPU ticks of the whole machine since boot."""
-    with open("/proc/stat") as stat:
-        fields = [int(v) for v in stat.readline().split()[1:9]]
-    return sum(fields) - fields[3] - fields[4]  # without idle and iowait
-
-
-def own_ticks() -> dict[tuple[int, int], int]:
-    """CPU ticks (utime + stime) of this process and each live descendant (nats-server, JVM, Python
-    workers), by (pid, start time)."""
-    ticks: dict[tuple[int, int], int] = {}
-    for pid in [os.getpid(), *descendants(os.getpid())]:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        ticks[(pid, int(fields[19]))] = int(fields[11]) + int(fields[12])
-    return ticks
-
-
-class CpuWatch:
-    """CPU used from now to ``stop()``: by this benchmark's processes, and by the rest of the machine.
-
-    The benchmark's processes are polled every ``POLL`` seconds, so one that ends meanwhile counts
-    with its last seen CPU time: Spark's Python daemon does not wait for its workers, whose time
-    then shows up in no parent's ``cutime``."""
-
-    POLL = 0.5
-
-    def __init__(self) -> None:
-        self.began = time.perf_counter()
-        self.busy = busy_ticks()
-        self.first = own_ticks()
-        self.last = dict(self.first)
-        self._done = threading.Event()
-        self._poller = threading.Thread(target=self._poll, name="cpu-watch", daemon=True)
-        self._poller.start()
-
-    def _poll(self) -> None:
-        while not self._done.wait(self.POLL):
-            self.last.update(own_ticks())
-
-    def stop(self) -> Cpu:
-        self._done.set()
-        self._poller.join()
-        self.last.update(own_ticks())
-        wall = time.perf_counter() - self.began
-        own = sum(ticks - self.first.get(key, 0) for key, ticks in self.last.items())
-        other = max(0, busy_ticks() - self.busy - own)
-        return Cpu(own / TICKS / wall, other / TICKS / wall / (os.cpu_count() or 1))
+MAX_OTHER_CPU = 0.1
+"""``--max-other-cpu`` by default: runs during which other processes used more of the cores do not count."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +84,8 @@ class Measured:
     group: str
     run: SparkRun
     cpu: Cpu
+    max_other_cpu: float
+    """Other processes' share of the cores above which this run does not count (``clean``)."""
 
     @property
     def rate(self) -> float:
@@ -152,7 +93,7 @@ class Measured:
 
     @property
     def clean(self) -> bool:
-        return self.cpu.other_share < MAX_OTHER_CPU[0]
+        return self.cpu.other_share < self.max_other_cpu
 
     @property
     def add_batch_share(self) -> float:
@@ -183,19 +124,21 @@ def mapping_text(members: int, partitions: int) -> str:
     return " ".join(f"{m}:{','.join(map(str, mapping[str(m)]))}" for m in range(members))
 
 
-def measure(spark: SparkSession, url: str, members: int, group: str, checkpoints: str, expected: int) -> Measured:
+def measure(
+    spark: SparkSession, url: str, members: int, group: str, checkpoints: str, expected: int, max_other_cpu: float
+) -> Measured:
     watch = CpuWatch()
     run = run_spark(
         spark, url, STREAM, group, os.path.join(checkpoints, group), None, options={"members": str(members)}
     )
     if run.messages != expected:
         raise SystemExit(f"FAILED: the Spark query with {members} members read {run.messages:,} of {expected:,}")
-    return Measured(members, group, run, watch.stop())
+    return Measured(members, group, run, watch.stop(), max_other_cpu)
 
 
-def print_spark_table(best: dict[int, Measured], runs: list[Measured]) -> None:
+def print_spark_table(best: dict[int, Measured], runs: list[Measured], max_other_cpu: float) -> None:
     base = best[min(best)].rate
-    print(f"(other CPU at or above {MAX_OTHER_CPU[0]:.0%}: the run does not count; * = no run below it)")
+    print(f"(other CPU at or above {max_other_cpu:.0%}: the run does not count; * = no run below it)")
     print(
         f"{'members':>7} {'seconds':>8} {'rows/s':>10} {'speed-up':>8} {'batches':>7} {'addBatch':>8} "
         f"{'own CPU':>7} {'other CPU':>9}  all runs rows/s (other CPU)"
@@ -241,8 +184,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--max-other-cpu",
         type=float,
-        default=0.1,
-        help="share of all cores other processes may use during a run for it to count (default 0.1)",
+        default=MAX_OTHER_CPU,
+        help=f"share of all cores other processes may use during a run for it to count (default {MAX_OTHER_CPU:g})",
     )
     parser.add_argument("--wait", type=float, default=300, help="seconds to wait for a quiet machine before a run")
     parser.add_argument("--attempts", type=int, default=3, help="runs of a measurement overlapped by others at most")
@@ -260,7 +203,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    MAX_OTHER_CPU[0] = args.max_other_cpu
     checkpoints = tempfile.mkdtemp(prefix="scaling-")
     spark: SparkSession | None = None
     runs: list[Measured] = []
@@ -308,7 +250,9 @@ def main(argv: list[str] | None = None) -> int:
                         for attempt in range(1, args.attempts + 1):
                             wait_quiet(args.max_other_cpu, args.wait)
                             group = last_group[members] = group_name(members, round_, attempt)
-                            measured = measure(spark, server.url, members, group, checkpoints, args.messages)
+                            measured = measure(
+                                spark, server.url, members, group, checkpoints, args.messages, args.max_other_cpu
+                            )
                             runs.append(measured)
                             print(
                                 f"  round {round_}, {members} members ({measured.group}): "
@@ -369,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{args.messages:,} msgs x {args.size} B, {args.partitions} partitions, {args.storage} storage, "
         f"local[2], availableNow into noop, best of {args.repeat} round(s)"
     )
-    print_spark_table(best, runs)
+    print_spark_table(best, runs, args.max_other_cpu)
     if baseline:
         print()
         print_baseline_table(baseline)

@@ -2,7 +2,7 @@
 
 One run starts a real nats-server (``EmbeddedServer``, file store in a temp dir), publishes
 ``--messages`` messages of ``--size`` bytes to 1,024 interleaved subjects ``ev.k<i % 1024>`` of a
-stream partitioned ``--partitions`` ways (as ``bench/pull_reader.py`` does), and then reads all
+stream partitioned ``--partitions`` ways (``bench/common.py``), and then reads all
 of it twice on the same server and data:
 
 * ``spark``: ``spark.readStream.format("jetstream")`` (group ``bench``) written to the ``noop``
@@ -13,7 +13,7 @@ of it twice on the same server and data:
   the batch ids are checked to be contiguous) and must equal ``--messages``. A small warm-up
   query on a separate stream runs first, so JVM and Python worker start-up are not measured;
   its (cold) time is printed too, and so is the SparkSession start-up, neither in the rate.
-* ``baseline``: the raw NATS pull loop of ``bench/pull_reader.py`` (``raw_drain``) draining the
+* ``baseline``: the raw NATS pull loop of ``bench/raw_pull.py`` (``raw_drain``) draining the
   same member consumers the Spark run created, after an untimed UNPIN + RESET to seq 1 of each.
   It runs in 2 spawned processes taking members one at a time (as ``local[2]`` runs 2 tasks at
   once); a sequential drain in this process is printed too. The worker processes are started
@@ -34,177 +34,46 @@ Run it from the repository root::
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import platform
 import resource
 import shutil
 import sys
 import tempfile
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from pull_reader import GROUP, INBOX, STREAM, SUBJECTS, messages, raw_drain, server_version
+from common import (
+    GROUP,
+    STREAM,
+    SUBJECTS,
+    WARMUP_GROUP,
+    WARMUP_STREAM,
+    Row,
+    SparkRun,
+    create_stream,
+    descendants,
+    jvm_pid,
+    messages,
+    peak_rss_kb,
+    publish,
+    run_spark,
+    server_version,
+    start_spark,
+    warmup_messages,
+)
+from raw_pull import PARALLEL, run_baseline_parallel, run_baseline_sequential
 
-from spark_jetstream.connection import Connection, ConnectionOptions, close_all, connect
+from spark_jetstream.connection import ConnectionOptions, close_all, connect
 from spark_jetstream.embedded import EmbeddedServer
-from spark_jetstream.groups import partitioned_stream_config
-from spark_jetstream.jsapi import JetStreamApi
-from spark_jetstream.publish import Message, publish_all
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-WARMUP_STREAM = "WARMUP"
-WARMUP_GROUP = "warmup"
-PARALLEL = 2
-"""Baseline processes: as many as ``local[2]`` runs tasks at once."""
 
 DURATIONS = ("triggerExecution", "latestOffset", "queryPlanning", "getBatch", "addBatch", "walCommit", "commitOffsets")
 SHOWN_BATCHES = 12
 
 
-@dataclass
-class SparkRun:
-    messages: int
-    seconds: float
-    progress: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def batches(self) -> int:
-        return len(self.progress)
-
-
-@dataclass(frozen=True)
-class Row:
-    contender: str
-    messages: int
-    seconds: float
-    batches: int | None = None
-
-    @property
-    def rate(self) -> float:
-        return self.messages / self.seconds if self.seconds else 0.0
-
-
-# -- set-up ------------------------------------------------------------------------------------
-
-
-def create_stream(conn: Connection, name: str, subject: str, partitions: int, storage: str) -> None:
-    JetStreamApi(conn).create_stream(partitioned_stream_config(name, subject, partitions, storage=storage))
-
-
-def warmup_messages(count: int, size: int) -> Iterator[Message]:
-    payload = os.urandom(size)
-    for i in range(count):
-        yield f"warm.k{i % SUBJECTS}", payload, None
-
-
-def publish(conn: Connection, what: str, batch: Iterator[Message], expected: int) -> float:
-    began = time.perf_counter()
-    published = publish_all(conn, batch)
-    took = time.perf_counter() - began
-    if published.count != expected:
-        raise SystemExit(f"FAILED: published {published.count:,} of {expected:,} {what} messages")
-    return took
-
-
-# -- spark -------------------------------------------------------------------------------------
-
-
-def start_spark() -> tuple[SparkSession, float]:
-    """A ``local[2]`` session; return it and how long start-up took."""
-    from pyspark.sql import SparkSession
-
-    began = time.perf_counter()
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("stream_read bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.streaming.numRecentProgressUpdates", "1000000")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("WARN")
-    return spark, time.perf_counter() - began
-
-
-def run_spark(
-    spark: SparkSession,
-    url: str,
-    stream: str,
-    group: str,
-    checkpoint: str,
-    max_per_trigger: int | None,
-    options: dict[str, str] | None = None,
-) -> SparkRun:
-    """One ``availableNow`` query into the noop sink; return its rows, time and batch progress.
-
-    ``options`` are further source options (e.g. ``members``)."""
-    reader = spark.readStream.format("jetstream").option("servers", url).option("stream", stream).option("group", group)
-    if max_per_trigger:
-        reader = reader.option("maxMessagesPerTrigger", str(max_per_trigger))
-    for key, value in (options or {}).items():
-        reader = reader.option(key, value)
-    writer = reader.load().writeStream.format("noop").trigger(availableNow=True)
-    writer = writer.option("checkpointLocation", checkpoint)
-    began = time.perf_counter()
-    query = writer.start()
-    try:
-        query.awaitTermination()
-    except Exception as exc:  # StreamingQueryException: report the connector's error as is
-        raise SystemExit(f"FAILED: the Spark query on {stream} failed:\n{exc}") from None
-    seconds = time.perf_counter() - began
-    progress = sorted((dict(p) for p in query.recentProgress), key=lambda p: p["batchId"])
-    ids = [p["batchId"] for p in progress]
-    if ids and ids != list(range(ids[0], ids[0] + len(ids))):
-        print(f"WARNING: batch ids of {stream} are not contiguous: {ids[:5]}..{ids[-5:]}")
-    if ids and ids[0] != 0:
-        print(f"WARNING: progress of {stream} starts at batch {ids[0]}: earlier batches are not counted")
-    return SparkRun(sum(p["numInputRows"] or 0 for p in progress), seconds, progress)
-
-
-def jvm_pid(spark: SparkSession) -> int | None:
-    try:
-        return int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
-    except Exception:
-        return None
-
-
-def peak_rss_kb(pid: int) -> int | None:
-    """VmHWM (peak resident set) of a live process, in KiB."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def descendants(pid: int) -> list[int]:
-    """Live descendant pids of ``pid`` (Spark's Python daemon, workers, source runner)."""
-    found: list[int] = []
-    stack = [pid]
-    while stack:
-        parent = stack.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children") as children:
-                    kids = [int(k) for k in children.read().split()]
-            except OSError:
-                continue
-            found += kids
-            stack += kids
-    return found
+# -- processes ---------------------------------------------------------------------------------
 
 
 def command_name(pid: int) -> str:
@@ -217,61 +86,6 @@ def command_name(pid: int) -> str:
         if arg.startswith(b"pyspark.") or arg.endswith(b".py"):
             return arg.decode(errors="replace")
     return os.path.basename(args[0].decode(errors="replace")) if args else "?"
-
-
-# -- baseline ----------------------------------------------------------------------------------
-
-
-def _worker_ready(_: int) -> int:
-    time.sleep(0.3)
-    return os.getpid()
-
-
-def drain(address: tuple[str, int], consumer: str) -> int:
-    """``raw_drain`` on an inbox of its own: concurrent drains on one shared inbox see each other's messages."""
-    return raw_drain(address, STREAM, consumer, b"%s.%d.%s" % (INBOX, os.getpid(), consumer.encode()))
-
-
-def _drain(job: tuple[tuple[str, int], str]) -> tuple[str, int, float]:
-    address, consumer = job
-    began = time.perf_counter()
-    count = drain(address, consumer)
-    return consumer, count, time.perf_counter() - began
-
-
-def reset_members(conn: Connection, consumers: list[str]) -> int:
-    """UNPIN and RESET every member to seq 1; return the messages now pending on them."""
-    api = JetStreamApi(conn)
-    pending = 0
-    for consumer in consumers:
-        conn.run(api.unpin(STREAM, consumer))
-        pending += conn.run(api.reset(STREAM, consumer, 1))["num_pending"]
-    return pending
-
-
-def run_baseline_parallel(
-    conn: Connection, address: tuple[str, int], consumers: list[str], expected: int
-) -> tuple[float, int]:
-    """Drain the members with ``raw_drain`` in ``PARALLEL`` spawned processes; resets and process start not timed."""
-    workers = min(PARALLEL, len(consumers))
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
-        for _ in range(20):  # every worker up and done importing before the clock starts
-            if len(set(pool.map(_worker_ready, range(workers), chunksize=1))) == workers:
-                break
-        if reset_members(conn, consumers) != expected:
-            raise SystemExit("FAILED: the member consumers do not hold every message after RESET to seq 1")
-        began = time.perf_counter()
-        results = pool.map(_drain, [(address, c) for c in consumers], chunksize=1)
-        seconds = time.perf_counter() - began
-    return seconds, sum(count for _, count, _ in results)
-
-
-def run_baseline_sequential(conn: Connection, address: tuple[str, int], consumers: list[str]) -> tuple[float, int]:
-    """Drain the members one after the other in this process; the resets are not timed."""
-    reset_members(conn, consumers)
-    began = time.perf_counter()
-    total = sum(drain(address, consumer) for consumer in consumers)
-    return time.perf_counter() - began, total
 
 
 # -- output ------------------------------------------------------------------------------------

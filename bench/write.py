@@ -38,7 +38,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pull_reader import RawSocket, server_version
+from common import SUBJECTS, RawSocket, server_version
 
 from spark_jetstream.connection import Connection, ConnectionOptions, close_all, connect
 from spark_jetstream.embedded import EmbeddedServer
@@ -46,7 +46,6 @@ from spark_jetstream.jsapi import JetStreamApi
 from spark_jetstream.publish import publish_all
 
 STREAM = "WBENCH"
-SUBJECTS = 1024
 TARGET_RATIO = 0.7
 
 
