@@ -23,6 +23,7 @@ from .jsapi import JetStreamApi
 from .member_consumers import MemberConsumers, check_ack_policy
 from .offsets import Watermark
 from .ownership import GroupClaim, describe_this_process
+from .pins import PinKeeper
 from .planning import Limits, batch_end
 from .pull import MemberRange
 from .resolve import check_data_loss, resolve_layout, start_after
@@ -54,6 +55,7 @@ class Coordinator:
     def __init__(self, config: SourceConfig) -> None:
         self.config = config
         self._claim: GroupClaim | None = None  # close() works from here on, whatever fails below
+        self.pins: PinKeeper | None = None
         self.conn: Connection = connect(config.connection)
         self.api = JetStreamApi(self.conn)
         self.source_stream = config.stream
@@ -67,7 +69,9 @@ class Coordinator:
         self.stream = layout.stream  # the work stream of an elastic group
         self.members = MemberConsumers(self.api, layout, config.ack_wait, config.ack_policy, self.owner)
         check_ack_policy(config.ack_policy, self.state(fresh=True).retention, layout)
-        if not self.direct:
+        if self.direct:
+            self.pins = PinKeeper(self.members)  # nothing of the query pulls: it keeps the pins itself
+        else:
             self._warn_without_direct_get()
         # Claimed last, once nothing above can refuse the query: a refused query holds nothing.
         self._claim = GroupClaim(self.conn, self.source_stream, config.group, self.owner)
@@ -78,7 +82,9 @@ class Coordinator:
         return self.members.layout
 
     def close(self) -> None:
-        """Give up the claim on the group (safe on a half-built coordinator, and twice)."""
+        """Give up the pins and the claim on the group (safe on a half-built coordinator, and twice)."""
+        if self.pins is not None:
+            self.pins.stop()
         if self._claim is not None:
             self._claim.release()
 
@@ -114,7 +120,15 @@ class Coordinator:
         self.members.ensure(self.state().retention)
 
     def _acknowledge(self, committed: Watermark, remade: bool = False) -> None:
+        """Move the floors (``MemberConsumers.acknowledge``); fail first if another client is on a member consumer."""
+        pins, acked = self.pins, self.members.acked_through
+        if pins is not None:
+            pins.raise_error()
+            if acked is not None and (remade or committed.seq > acked):
+                self.conn.run(pins.check())  # before the RESETs clear what another client's pulls left
         self.members.acknowledge(committed.seq, self.state().retention, remade)
+        if self.pins is not None:
+            self.pins.start()  # the floors are set: a pin's taking delivery can be reset to them
 
     # -- planning ------------------------------------------------------------------------------
 

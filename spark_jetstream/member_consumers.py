@@ -50,6 +50,7 @@ class MemberConsumers:
         self.ack_policy = ack_policy
         self.owner = owner
         self.acked_through: int | None = None  # the watermark every member consumer was last reset to
+        self.lock = asyncio.Lock()  # held while floors move, so another RESET never lands in between
 
     @property
     def stream(self) -> str:
@@ -90,26 +91,33 @@ class MemberConsumers:
                 self._delete(name)
 
     def check_unchanged(self) -> None:
-        """Raise when another client changed a member consumer since this query made it: a pcgroups
-        member joining the same group, for one, rewrites ``ack_wait``, ``priority_timeout`` and
-        ``max_ack_pending`` with its own template. Name the fields, old -> new."""
+        """Raise ``changed_error`` for the member consumers as they are now."""
+        if (error := self.changed_error(self.infos())) is not None:
+            raise error
+
+    def changed_error(self, infos: dict[str, dict[str, Any] | None]) -> GroupConfigError | None:
+        """The error for a member consumer another client deleted or changed since this query made it
+        (``infos``: member -> consumer info): a pcgroups member joining the same group, for one, rewrites
+        ``ack_wait``, ``priority_timeout`` and ``max_ack_pending`` with its own template. Names the
+        fields, old -> new."""
         metadata = {OWNER_METADATA_KEY: self.owner}
-        for member, info in self.infos().items():
+        for member, info in infos.items():
             consumer = self.layout.consumer(member)
             if info is None:
-                raise GroupConfigError(
+                return GroupConfigError(
                     f"Member consumer {consumer!r} on stream {self.stream!r} was deleted by another client while "
                     "this query reads it: stop that client, or give Spark a group of its own; restarting the query "
                     "makes the consumer again."
                 )
             changes = _changes(self.layout.consumer_config(member, self.ack_wait, metadata, self.ack_policy), info)
             if changes:
-                raise GroupConfigError(
+                return GroupConfigError(
                     f"Member consumer {consumer!r} on stream {self.stream!r} was changed by another client while "
                     f"this query reads it ({'; '.join(changes)}): stop that client (a pcgroups member or tool that "
                     f"joins group {self.layout.group!r} rewrites its member consumers), or give Spark a group of "
                     "its own; restarting the query makes the consumers again."
                 )
+        return None
 
     def _check_existing_ack_policy(self, existing: dict[str, dict[str, Any]]) -> None:
         """An ack policy cannot be changed on a consumer: say so before the server refuses the update."""
@@ -183,16 +191,17 @@ class MemberConsumers:
         layout, api = self.layout, self.api
 
         async def reset() -> None:
-            for index, member in enumerate(layout.member_names):
-                await api.reset(self.stream, layout.consumer(member), seq + 1)
-                if index == 0 and seq > 0:
-                    fault_point("commit")  # a crash with only some floors moved
+            async with self.lock:
+                for index, member in enumerate(layout.member_names):
+                    await api.reset(self.stream, layout.consumer(member), seq + 1)
+                    if index == 0 and seq > 0:
+                        fault_point("commit")  # a crash with only some floors moved
+                self.acked_through = seq
             if retention == "workqueue":
                 subjects = [s for m in layout.member_names for s in layout.filter_subjects(m)] or [""]
                 await asyncio.gather(*(api.purge_below(self.stream, seq + 1, s) for s in subjects))
 
         api.conn.run(reset())
-        self.acked_through = seq
 
     def _removed_after(self, committed: int, floor: int) -> bool:
         """Whether a message with ``committed < seq <= floor`` left the stream."""

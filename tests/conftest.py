@@ -130,6 +130,23 @@ class PartitionedStream:
         return max(self.messages)
 
 
+def add_messages(conn: Connection, stream: PartitionedStream, count: int, headers: bool = False, seed: int = 7) -> None:
+    """Publish ``count`` messages to ``stream`` (made by ``make_stream``) and record them."""
+    n = stream.group[1:]
+    rng = random.Random(seed)
+    batch = []
+    for i in range(count):
+        key = f"k{rng.randrange(1000)}"
+        subject = f"ev{n}.{key}"
+        payload = f"msg-{i}-".encode() + rng.randbytes(rng.randrange(0, 40))
+        hdrs = {"index": str(i), "kind": "odd" if i % 2 else "even"} if headers else None
+        batch.append((subject, payload, hdrs, fnv1a_32(key.encode()) % stream.partitions))
+    result = publish_all(conn, ((s, p, h) for s, p, h, _ in batch))
+    assert result.count == count
+    for offset, message in enumerate(batch):
+        stream.messages[result.first_seq + offset] = message
+
+
 @pytest.fixture
 def make_stream(api: JetStreamApi, conn: Connection) -> Iterator[Callable[..., PartitionedStream]]:
     """Factory: ``make_stream(count, partitions=4, headers=False)`` -> a filled ``PartitionedStream``
@@ -151,18 +168,7 @@ def make_stream(api: JetStreamApi, conn: Connection) -> Iterator[Callable[..., P
         config = partitioned_stream_config(stream.name, f"ev{n}.*", partitions, retention=retention)
         api.create_stream({**config, "allow_direct": direct})
         created.append(stream.name)
-        rng = random.Random(seed)
-        batch = []
-        for i in range(count):
-            key = f"k{rng.randrange(1000)}"
-            subject = f"ev{n}.{key}"
-            payload = f"msg-{i}-".encode() + rng.randbytes(rng.randrange(0, 40))
-            hdrs = {"index": str(i), "kind": "odd" if i % 2 else "even"} if headers else None
-            batch.append((subject, payload, hdrs, fnv1a_32(key.encode()) % partitions))
-        result = publish_all(conn, ((s, p, h) for s, p, h, _ in batch))
-        assert result.count == count
-        for offset, message in enumerate(batch):
-            stream.messages[result.first_seq + offset] = message
+        add_messages(conn, stream, count, headers, seed)
         for p in range(partitions):
             config = member_consumer_config(stream.group, str(p), partition_filters([p]), ack_policy=consumers)
             api.create_consumer(stream.name, config)

@@ -68,7 +68,8 @@ def test_limits_and_plans(nats_server, api, make_stream, coordinators):
     assert coordinator.latest(start, Limits()).seq == 1000
     ranges = coordinator.plan(Watermark(stream.name, 990), Watermark(stream.name, 1000))
     with_data = {p for p in range(8) if stream.expected(p, 990, 1000)}
-    assert {r.consumer for r in ranges} == {stream.consumer(p) for p in with_data}  # empty members skipped
+    assert {r.filter for r in ranges} == {f"{p}.>" for p in with_data}  # partitions without data skipped
+    assert {(r.start, r.end) for r in ranges} <= {(seq - 1, 1000) for seq in range(991, 1001)}  # from the first
     assert len(with_data) < 8
     coordinator.commit(Watermark(stream.name, 1000))
     floors = {api.consumer_info(stream.name, stream.consumer(p))["ack_floor"]["stream_seq"] for p in range(8)}
@@ -93,7 +94,10 @@ def test_a_pcgroups_static_group_in_kv_is_read(nats_server, conn, api, make_stre
         assert layout.kind == "static"
         assert {m.name: m.partitions for m in layout.members} == {"alice": (0, 3), "bob": (1, 2)}
         ranges = coordinator.plan(Watermark(stream.name, 0), Watermark(stream.name, 600))
-        assert sorted(r.consumer for r in ranges) == ["kvgroup-alice", "kvgroup-bob"]
+        assert [r.filter for r in ranges] == ["0.>", "3.>", "1.>", "2.>"]  # each member's partitions, read apart
+        assert {
+            api.consumer_info(stream.name, c)["ack_floor"]["stream_seq"] for c in ("kvgroup-alice", "kvgroup-bob")
+        } == {0}
         info = api.consumer_info(stream.name, "kvgroup-alice")["config"]
         assert info["filter_subjects"] == ["0.>", "3.>"] and info["priority_groups"] == ["PCG"]
     finally:

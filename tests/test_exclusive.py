@@ -1,0 +1,108 @@
+"""Spark's member consumers stay Spark's (issue 17): while a query runs, a second real client that pulls
+from a member consumer gets nothing as a standby, and is detected and named when it pulls with the
+query's pin id. The second client is plain nats-py in its own process (``jobs/foreign_client.py``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from chispa import assert_df_equality
+from conftest import add_messages
+from pyspark.sql.streaming import StreamingQuery
+from test_source import ack_floors, checkpoint_log, expected_rows, reader
+
+pytestmark = pytest.mark.slow
+
+FOREIGN = Path(__file__).parent / "jobs" / "foreign_client.py"
+
+
+def start_query(spark, url: str, stream, tmp_path: Path) -> StreamingQuery:
+    return (
+        reader(spark, url, stream, maxMessagesPerTrigger=500)
+        .writeStream.format("parquet")
+        .option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime="0.5 seconds")
+        .start()
+    )
+
+
+def committed_seq(checkpoint: Path) -> int:
+    offsets, commits = checkpoint_log(checkpoint, "offsets"), checkpoint_log(checkpoint, "commits")
+    return offsets[max(commits)] if commits else 0
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def foreign_client(url: str, stream, consumer: str, seconds: float, *extra: str) -> subprocess.Popen:
+    args = [sys.executable, str(FOREIGN), "--servers", url, "--stream", stream.name, "--consumer", consumer]
+    return subprocess.Popen([*args, "--seconds", str(seconds), *extra], stdout=subprocess.PIPE, text=True)
+
+
+def test_a_standby_on_a_member_consumer_gets_nothing_while_the_query_reads_new_data(
+    spark, nats_server, conn, api, make_stream, tmp_path
+):
+    stream = make_stream(2000, partitions=2)
+    query = start_query(spark, nats_server.url, stream, tmp_path)
+    try:
+        wait_for(lambda: committed_seq(tmp_path / "cp") >= 1000, 120, "the first batches")
+        standby = foreign_client(nats_server.url, stream, stream.consumer(0), 15)
+        for round_ in range(10):  # new data while the standby pulls
+            add_messages(conn, stream, 300, seed=100 + round_)
+            time.sleep(1)
+        got = json.loads(standby.communicate(timeout=60)[0])
+        wait_for(lambda: committed_seq(tmp_path / "cp") == stream.last_seq, 120, "the query to read everything")
+        assert got["messages"] == 0, got
+        assert got["statuses"], got  # it did pull: its pulls expired unanswered
+        assert query.isActive and query.exception() is None
+    finally:
+        query.stop()
+    output = spark.read.parquet(str(tmp_path / "out")).select("subject", "data", "seq", "partition")
+    assert_df_equality(output, expected_rows(spark, stream), ignore_row_order=True, ignore_nullable=True)
+    assert set(ack_floors(api, stream).values()) == {stream.last_seq}
+
+
+def test_a_client_pulling_with_the_querys_pin_id_is_detected_and_named(
+    spark, nats_server, conn, api, make_stream, tmp_path
+):
+    stream = make_stream(3000, partitions=2)
+    consumer = stream.consumer(1)
+    query = start_query(spark, nats_server.url, stream, tmp_path)
+    try:
+        wait_for(lambda: committed_seq(tmp_path / "cp") >= 500, 120, "the first batch")
+        add_messages(conn, stream, 500, seed=99)  # something to deliver however far the query got
+        thief = foreign_client(nats_server.url, stream, consumer, 20, "--with-pin")
+        got = json.loads(thief.communicate(timeout=60)[0])
+        assert got["messages"] > 0, got  # it presented the pin id, so the server served it
+        wait_for(lambda: query.exception() is not None, 30, "the query to fail")
+        detected = time.time() - got["first_message_at"]
+        print(f"foreign puller: {got['messages']} messages; the query failed {detected:.1f}s after the first")
+    finally:
+        query.stop()
+    message = str(query.exception())
+    assert f"Another client is pulling from member consumer {consumer!r} on stream {stream.name!r}" in message
+    assert "deliveries since the query last reset it" in message
+    assert f"$JS.API.CONSUMER.MSG.NEXT.{stream.name}.{stream.group}-*" in message
+    # the restart reads on from the checkpoint: exact output, floors at the end
+    rerun = (
+        reader(spark, nats_server.url, stream)
+        .writeStream.format("parquet")
+        .option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    rerun.awaitTermination()
+    output = spark.read.parquet(str(tmp_path / "out")).select("subject", "data", "seq", "partition")
+    assert_df_equality(output, expected_rows(spark, stream), ignore_row_order=True, ignore_nullable=True)
+    assert set(ack_floors(api, stream).values()) == {stream.last_seq}
