@@ -10,6 +10,7 @@ micro-batches.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -28,7 +29,7 @@ from nats.errors import AuthorizationError, ConnectionClosedError, NoRespondersE
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from .errors import ConnectError, JetStreamError, ServerTooOldError, redact
+from .errors import ClusterUnavailableError, ConnectError, JetStreamError, ServerTooOldError, redact
 from .options import CONNECTION_OPTIONS, config_values, default_of, parse_options
 from .protocol import BulkHandler, FastParser, RawHandler, wire
 
@@ -36,8 +37,21 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_ATTEMPT_TIMEOUT = 2.0
+ATTEMPT_TIMEOUT = 2.0
 """Seconds one API request waits before it is sent again (a request sent into a dropped connection is lost)."""
+
+JETSTREAM_UP = "up"
+JETSTREAM_ELECTING = "electing"
+JETSTREAM_ABSENT = "absent"
+DISCONNECTED = "disconnected"
+
+CLUSTER_BUSY_CODES = frozenset({10008, 10009})
+"""JetStream API errors that mean "no leader right now": 10008 *JetStream system temporarily unavailable*
+(a member of a leaderless group, or any server while the meta group has no leader), 10009 *JetStream
+cluster can not handle request*."""
+
+_WATCH_INTERVAL = 1.0
+"""Seconds between looks at JetStream while a request keeps failing (the wording of the error at the deadline)."""
 
 MIN_SERVER_VERSION = (2, 14, 5)
 """Consumer RESET needs 2.14; non-JSON pulls could crash priority-group consumers before 2.14.5."""
@@ -225,34 +239,63 @@ class Connection:
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         return self.runner.run(coro, timeout)
 
-    async def request_async(self, subject: str, payload: bytes, timeout: float) -> bytes:
+    async def request_async(self, subject: str, payload: bytes, timeout: float, asset: str = "") -> bytes:
         """A request, retried with backoff for up to ``timeout`` seconds while nobody answers: a
-        restarting server or a JetStream leader election heals within that, a wrong domain does not."""
+        restarting server or a JetStream leader election heals within that, a wrong domain does not.
+
+        No responders while JetStream itself answers (``$JS.API.INFO``) means the stream's or
+        consumer's leader is missing (an election), so it is retried to the end like a timeout; no
+        responders from JetStream too means a wrong domain or no JetStream, refused after
+        ``connectTimeout``. ``asset`` ("consumer 'c' on stream 's'") names what the error talks about.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         # Nobody listening is the answer a wrong domain gives at once: give up on it sooner.
         responder_deadline = loop.time() + min(timeout, self.options.connect_timeout)
+        watch = _ClusterWatch(self, subject)
         delay = 0.05
-        while True:
-            attempt = max(0.05, min(deadline - loop.time(), _ATTEMPT_TIMEOUT))
-            try:
-                msg = await self.client.request(subject, payload, timeout=attempt)
-                return msg.data
-            except NoRespondersError:
-                if loop.time() + delay >= responder_deadline:
-                    raise ConnectError(
-                        f"No responder for {subject} on {self.server_url}: is JetStream enabled, and is the "
-                        f"domain option right (now {self.options.domain or 'none'})?"
-                    ) from None
-            except NatsTimeoutError:
+        try:
+            while True:
+                attempt = max(0.05, min(deadline - loop.time(), ATTEMPT_TIMEOUT))
+                try:
+                    msg = await self.client.request(subject, payload, timeout=attempt)
+                    return msg.data
+                except NoRespondersError:
+                    watch.saw("no responders")
+                    if watch.jetstream == JETSTREAM_ABSENT and loop.time() + delay >= responder_deadline:
+                        raise ConnectError(
+                            f"No responder for {subject} on {self.server_url}: is JetStream enabled, and is the "
+                            f"domain option right (now {self.options.domain or 'none'})?"
+                        ) from None
+                except NatsTimeoutError:
+                    watch.saw("timeout")
+                except ConnectionClosedError:
+                    raise ConnectError(f"The connection to {self.server_url} is closed.") from None
                 if loop.time() + delay >= deadline:
-                    raise ConnectError(
-                        f"{subject} got no answer from {self.server_url} within {timeout:g}s: is the server up?"
-                    ) from None
-            except ConnectionClosedError:
-                raise ConnectError(f"The connection to {self.server_url} is closed.") from None
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+                    raise ClusterUnavailableError(watch.explain(timeout, asset or subject)) from None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        finally:
+            watch.close()
+
+    async def jetstream_state(self, timeout: float = 1.0) -> str:
+        """One look at JetStream through ``$JS.API.INFO`` (answered by the meta leader in a cluster):
+        ``JETSTREAM_UP``, ``JETSTREAM_ELECTING`` (no answer, or "temporarily unavailable": the meta
+        leader is being elected), ``JETSTREAM_ABSENT`` (no responders: no JetStream in this domain) or
+        ``DISCONNECTED`` (the client is reconnecting)."""
+        if not self.client.is_connected:
+            return DISCONNECTED
+        try:
+            reply = await self.client.request(f"{self.options.api_prefix}.INFO", b"", timeout=timeout)
+        except NoRespondersError:
+            return JETSTREAM_ABSENT
+        except (NatsTimeoutError, ConnectionClosedError):
+            return JETSTREAM_ELECTING if self.client.is_connected else DISCONNECTED
+        try:
+            error = json.loads(reply.data).get("error") or {}
+        except ValueError:
+            return JETSTREAM_UP
+        return JETSTREAM_ELECTING if error.get("err_code") in CLUSTER_BUSY_CODES else JETSTREAM_UP
 
     @property
     def api_timeout(self) -> float:
@@ -280,6 +323,71 @@ class Connection:
         sub = self.client._subs.get(sid)
         if sub is not None and not self.client.is_closed:
             await sub.unsubscribe()
+
+
+class _ClusterWatch:
+    """What a failing request met, and what JetStream looked like meanwhile: the error at the deadline
+    says what was happening (an election, a missing leader, a reconnect) instead of "is the server up?".
+
+    The look at JetStream runs beside the retries (at most one at a time, one per ``_WATCH_INTERVAL``),
+    so it never takes time from them.
+    """
+
+    def __init__(self, conn: Connection, subject: str) -> None:
+        self.conn = conn
+        self.subject = subject
+        self.seen: dict[str, int] = {}
+        self.jetstream = ""
+        self._look: asyncio.Task[str] | None = None
+        self._looked_at = 0.0
+
+    def saw(self, what: str) -> None:
+        self.seen[what] = self.seen.get(what, 0) + 1
+        if self.subject == f"{self.conn.options.api_prefix}.INFO":
+            self.jetstream = JETSTREAM_ABSENT if what == "no responders" else JETSTREAM_ELECTING
+            return
+        self.update()
+
+    def update(self) -> None:
+        """Take the last look's result and start the next one if it is time."""
+        loop = asyncio.get_running_loop()
+        if self._look is not None and self._look.done():
+            if not self._look.cancelled() and self._look.exception() is None:
+                self.jetstream = self._look.result()
+            self._look = None
+        if self._look is None and loop.time() - self._looked_at >= _WATCH_INTERVAL:
+            self._looked_at = loop.time()
+            self._look = loop.create_task(self.conn.jetstream_state())
+
+    def close(self) -> None:
+        if self._look is not None:
+            self._look.cancel()
+
+    def explain(self, timeout: float, asset: str) -> str:
+        """The deadline's error: the actionable sentence first, never advice to re-create anything."""
+        self.update()
+        seen = ", ".join(f"{what} x{count}" for what, count in self.seen.items())
+        within = f"within {timeout:g}s"
+        if self.jetstream == DISCONNECTED or not self.conn.client.is_connected:
+            return (
+                f"The connection to NATS ({self.conn.options.shown_servers}) was down and did not come back "
+                f"{within} while asking about {asset}: check that the servers are running ({seen})."
+            )
+        if self.jetstream == JETSTREAM_ELECTING:
+            return (
+                f"The JetStream meta leader is being elected: no server answered about {asset} {within} "
+                f"({seen}). The cluster lost its meta leader (a server stopped or restarted) and no new one was "
+                "elected in time; check that a majority of the servers is up (`nats server report jetstream`)."
+            )
+        if self.jetstream == JETSTREAM_UP and "no responders" in self.seen:
+            return (
+                f"The leader of {asset} changed and no new leader answered {within} ({seen}); JetStream itself "
+                "answers. Check that a majority of its replicas is up (`nats stream info` / `nats consumer info`)."
+            )
+        return (
+            f"{self.subject} got no answer from {self.conn.server_url} {within} ({seen}): is the server up, or is "
+            "a JetStream leader election under way?"
+        )
 
 
 _connections: dict[ConnectionOptions, Connection] = {}

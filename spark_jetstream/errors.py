@@ -57,6 +57,13 @@ class ConnectError(JetStreamError):
     """No usable connection: unreachable server, refused credentials, TLS failure, no JetStream."""
 
 
+class ClusterUnavailableError(ConnectError):
+    """The cluster did not answer about a stream or consumer within the API deadline: a leader election
+    (of the meta group or of the asset's group) that did not finish in time. Transient by nature, so
+    callers that retry a ``ConnectError`` retry it; its message says what was happening and never
+    suggests re-creating anything (the stream and consumer exist, as far as the cluster can tell)."""
+
+
 class ServerTooOldError(ConnectError):
     """The server lacks a feature the connector needs (priority groups, consumer RESET)."""
 

@@ -7,22 +7,29 @@ server's JSON, and API errors become the connector's exceptions with actionable 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from nats.errors import ConnectionClosedError
+from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from .connection import Connection
-from .errors import ApiError, ConnectError, ConsumerNotFoundError, StreamNotFoundError
+from .connection import ATTEMPT_TIMEOUT, CLUSTER_BUSY_CODES, JETSTREAM_ELECTING, Connection
+from .errors import ApiError, ClusterUnavailableError, ConnectError, ConsumerNotFoundError, StreamNotFoundError
 from .protocol import header_fields
 
 STREAM_NOT_FOUND = 10059
 CONSUMER_NOT_FOUND = 10014
 PRIORITY_GROUP_UNKNOWN = 10160
 NO_MESSAGE_FOUND = 10037
+ASSET_OFFLINE_CODES = frozenset({10118, 10119})
+"""*stream is offline* / *consumer is offline*: every peer of its group is down (a whole-cluster
+restart); retried within the deadline. The variants with a reason (10194/10195) are real and raised."""
+
+log = logging.getLogger(__name__)
 
 PRIORITY_GROUP = "PCG"
 """The priority group every member consumer uses (as pcgroups does)."""
@@ -37,6 +44,13 @@ class DirectMessage:
     num_pending: int | None
     data: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
+
+
+def describe_asset(stream: str, consumer: str = "") -> str:
+    """How messages name what a call is about."""
+    if consumer:
+        return f"consumer {consumer!r} on stream {stream!r}"
+    return f"stream {stream!r}" if stream else "the JetStream API"
 
 
 class JetStreamApi:
@@ -64,21 +78,26 @@ class JetStreamApi:
         if not error:
             return reply
         code, err_code = error.get("code", 0), error.get("err_code", 0)
-        where = self.conn.server_url + (f" in domain {self.conn.options.domain}" if self.conn.options.domain else "")
-        if err_code == STREAM_NOT_FOUND and stream:
-            raise StreamNotFoundError(
-                f"Stream {stream!r} does not exist on {where}: check the stream option or create the stream.",
-                code,
-                err_code,
-            )
-        if err_code == CONSUMER_NOT_FOUND and consumer:
-            raise ConsumerNotFoundError(
-                f"Consumer {consumer!r} on stream {stream!r} does not exist on {where}: check the group "
-                "option, or create the group's member consumers.",
-                code,
-                err_code,
-            )
+        if (err_code == STREAM_NOT_FOUND and stream) or (err_code == CONSUMER_NOT_FOUND and consumer):
+            raise self.not_found(err_code, stream, consumer)
         raise ApiError(f"{what}: {error.get('description', 'unknown error')} (error {err_code})", code, err_code)
+
+    def not_found(self, err_code: int, stream: str, consumer: str = "") -> StreamNotFoundError | ConsumerNotFoundError:
+        """The error for a stream (``STREAM_NOT_FOUND``) or consumer that does not exist: it names it and
+        says what to check. Raised only once the meta leader confirmed it (``call_async``)."""
+        where = self.conn.server_url + (f" in domain {self.conn.options.domain}" if self.conn.options.domain else "")
+        if err_code == STREAM_NOT_FOUND:
+            return StreamNotFoundError(
+                f"Stream {stream!r} does not exist on {where}: check the stream option or create the stream.",
+                404,
+                err_code,
+            )
+        return ConsumerNotFoundError(
+            f"Consumer {consumer!r} on stream {stream!r} does not exist on {where}: check the group "
+            "option, or create the group's member consumers.",
+            404,
+            err_code,
+        )
 
     def call(
         self,
@@ -99,10 +118,92 @@ class JetStreamApi:
         stream: str = "",
         consumer: str = "",
     ) -> dict[str, Any]:
-        """One API request with a JSON body; errors become the connector's exceptions."""
+        """One API request with a JSON body; errors become the connector's exceptions.
+
+        The one retry layer of the API, within one deadline (the connection's API timeout): timeouts
+        and missing responders are retried by the request; here, answers that only mean "no leader
+        right now" (``CLUSTER_BUSY_CODES``, ``ASSET_OFFLINE_CODES``) are retried, and a "not found" is
+        believed only once the meta leader confirms it (``_missing``): during an election, and from
+        a server still replaying its store after a restart, the API answers "not found" for streams
+        and consumers that exist (measured, docs/DESIGN.md section 10).
+        """
         payload = json.dumps(body).encode() if body is not None else b""
-        raw = await self.conn.request_async(self.subject(*tokens), payload, self.conn.api_timeout)
-        return self.decode(raw, what, stream, consumer)
+        subject = self.subject(*tokens)
+        asset = describe_asset(stream, consumer)
+        loop = asyncio.get_running_loop()
+        timeout = self.conn.api_timeout
+        deadline = loop.time() + timeout
+        delay = 0.1
+        while True:
+            raw = await self.conn.request_async(subject, payload, max(0.05, deadline - loop.time()), asset)
+            try:
+                return self.decode(raw, what, stream, consumer)
+            except (StreamNotFoundError, ConsumerNotFoundError):
+                confirmed, why = await self._missing(stream, consumer, deadline)
+                if confirmed is not None:
+                    raise confirmed from None
+            except ApiError as exc:
+                if exc.err_code not in CLUSTER_BUSY_CODES | ASSET_OFFLINE_CODES:
+                    raise
+                why = str(exc)
+            if loop.time() + delay >= deadline:
+                raise ClusterUnavailableError(await self._gave_up(asset or subject, timeout, why))
+            log.debug("Retrying %s: %s", subject, why)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def _missing(
+        self, stream: str, consumer: str, deadline: float
+    ) -> tuple[StreamNotFoundError | ConsumerNotFoundError | None, str]:
+        """The not-found error to raise if the meta leader confirms it, else None (retry) and why not.
+
+        ``STREAM.NAMES`` and ``CONSUMER.NAMES`` are answered by the meta leader alone, from the
+        cluster's assignments: authoritative, unlike the "not found" a recovering server or a leaderless
+        group gives. No answer from them (an election) confirms nothing.
+        """
+        remaining = deadline - asyncio.get_running_loop().time()
+        timeout = max(0.05, min(remaining, ATTEMPT_TIMEOUT))
+        try:
+            if not await self._listed(("STREAM", "NAMES"), "streams", stream, timeout):
+                return self.not_found(STREAM_NOT_FOUND, stream), ""
+            if consumer and not await self._listed(("CONSUMER", "NAMES", stream), "consumers", consumer, timeout):
+                return self.not_found(CONSUMER_NOT_FOUND, stream, consumer), ""
+        except (NoRespondersError, NatsTimeoutError, ConnectionClosedError, ApiError) as exc:
+            reason = str(exc) or type(exc).__name__
+            return None, f"a server answered 'not found' and no meta leader could confirm it ({reason})"
+        return None, "a server answered 'not found' although the meta leader lists it (a server still recovering)"
+
+    async def _listed(self, tokens: tuple[str, ...], key: str, name: str, timeout: float) -> bool:
+        """Whether ``name`` is among the names the meta leader lists (paged); raises if it cannot answer."""
+        offset = 0
+        while True:
+            body = json.dumps({"offset": offset}).encode()
+            reply = json.loads((await self.conn.client.request(self.subject(*tokens), body, timeout=timeout)).data)
+            if error := reply.get("error"):
+                if error.get("err_code") == STREAM_NOT_FOUND:
+                    return False  # the stream of the consumer is gone
+                code, err_code = error.get("code", 0), error.get("err_code", 0)
+                raise ApiError(error.get("description", "unknown error"), code, err_code)
+            names = reply.get(key) or []
+            if name in names:
+                return True
+            offset += len(names)
+            if not names or offset >= reply.get("total", 0):
+                return False
+
+    async def _gave_up(self, asset: str, timeout: float, why: str) -> str:
+        """The deadline's message: what was happening, never advice to re-create anything."""
+        state = await self.conn.jetstream_state(timeout=0.5)
+        if state == JETSTREAM_ELECTING:
+            return (
+                f"The JetStream meta leader is being elected: the cluster did not answer for {asset} within "
+                f"{timeout:g}s (last: {why}). Check that a majority of the servers is up "
+                "(`nats server report jetstream`); the query can be restarted once it is."
+            )
+        return (
+            f"The leader of {asset} changed and no new leader answered within {timeout:g}s (last: {why}). Check "
+            "that a majority of its replicas is up (`nats stream info` / `nats consumer info`)."
+        )
 
     # -- streams -----------------------------------------------------------------------------
 

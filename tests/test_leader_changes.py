@@ -1,0 +1,160 @@
+"""The JetStream API client rides through meta-leader changes on a real 3-node cluster (issue 23).
+
+While the meta leader (which also leads the stream and the consumer, the hardest placement) is
+stopped with SIGTERM or crashed with SIGKILL and restarted on its store, a driver-side client keeps
+asking for consumer info, stream info and UNPIN. Measured (docs/DESIGN.md section 10): during the
+election the API times out, and right after the restart the recovering server answers UNPIN "stream
+not found" / "consumer not found" for ~0.1 s. No call may fail, and each must answer within the
+connection's API deadline with the right object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from spark_jetstream.connection import ConnectionOptions, connect
+from spark_jetstream.embedded import EmbeddedCluster, EmbeddedServer
+from spark_jetstream.errors import ApiError, ConsumerNotFoundError, StreamNotFoundError
+from spark_jetstream.groups import member_consumer_config, partition_filters, partitioned_stream_config
+from spark_jetstream.jsapi import JetStreamApi
+
+pytestmark = pytest.mark.slow
+
+STREAM = "LDR"
+CONSUMER = "g-0"
+DOWN = 3.0
+"""Seconds the meta leader stays down before it is restarted on its store."""
+AFTER = 4.0
+"""Seconds the client keeps calling after the restart (the recovering server's wrong answers come then)."""
+
+
+@dataclass(frozen=True)
+class Call:
+    name: str
+    started: float
+    took: float
+    error: BaseException | None = None
+
+
+@pytest.fixture(scope="module")
+def leader_api(nats_cluster: EmbeddedCluster) -> JetStreamApi:
+    api = JetStreamApi(connect(ConnectionOptions(servers=tuple(s.url for s in nats_cluster.servers))))
+    api.create_stream(partitioned_stream_config(STREAM, "ldr.*", 2, num_replicas=3))
+    api.create_consumer(STREAM, member_consumer_config("g", "0", partition_filters([0])))
+    return api
+
+
+def _checked_calls(api: JetStreamApi) -> dict[str, tuple[Callable[[], Any], Callable[[Any], bool]]]:
+    """Each call the client makes, with a check that it answered about the right object."""
+
+    def unpin() -> None:
+        api.conn.run(api.unpin(STREAM, CONSUMER))
+
+    return {
+        "consumer_info": (lambda: api.consumer_info(STREAM, CONSUMER), lambda i: i["name"] == CONSUMER),
+        "stream_info": (lambda: api.stream_info(STREAM), lambda i: i["config"]["name"] == STREAM),
+        "unpin": (unpin, lambda _: True),
+    }
+
+
+def _keep_calling(api: JetStreamApi, name: str, stop: threading.Event) -> Iterator[Call]:
+    """Call one API method back to back until ``stop``; yield each call's outcome. Back to back, because
+    the recovering server's wrong answers last only ~0.1 s."""
+    call, right = _checked_calls(api)[name]
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            answer = call()
+            error = None if right(answer) else AssertionError(f"{name} answered about another object: {answer}")
+        except Exception as exc:  # every failure is a finding: collected and asserted on below
+            error = exc
+        yield Call(name, started, time.monotonic() - started, error)
+        time.sleep(0.005)
+
+
+def _lead_everything(api: JetStreamApi, cluster: EmbeddedCluster) -> EmbeddedServer:
+    """Move the stream's and the consumer's leaders onto the meta leader, and return that server."""
+    meta = cluster.wait_for_meta_leader()
+    steps = (
+        (("STREAM", "LEADER", "STEPDOWN", STREAM), lambda: api.stream_info(STREAM)),
+        (("CONSUMER", "LEADER", "STEPDOWN", STREAM, CONSUMER), lambda: api.consumer_info(STREAM, CONSUMER)),
+    )
+    for tokens, info in steps:
+        deadline = time.monotonic() + 30
+        while info()["cluster"].get("leader") != meta:
+            assert time.monotonic() < deadline, f"could not move the leader of {tokens} to {meta}"
+            with contextlib.suppress(ApiError):  # a step-down while the group is still settling: ask again
+                api.call(tokens, {"placement": {"preferred": meta}}, "leader step-down")
+            time.sleep(1.0)
+    return next(server for server in cluster.servers if server.name == meta)
+
+
+def _wait_healthy(api: JetStreamApi) -> None:
+    """Every replica of the stream and consumer current again (so the next fault starts from a whole cluster)."""
+    deadline = time.monotonic() + 30
+    while True:
+        infos = (api.stream_info(STREAM)["cluster"], api.consumer_info(STREAM, CONSUMER)["cluster"])
+        if all(c.get("leader") and len(c.get("replicas") or []) == 2 for c in infos) and all(
+            r.get("current") for c in infos for r in c["replicas"]
+        ):
+            return
+        assert time.monotonic() < deadline, f"cluster not healthy again: {infos}"
+        time.sleep(0.5)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_api_calls_ride_through_a_meta_leader_change(leader_api, nats_cluster, sig):
+    api = leader_api
+    _wait_healthy(api)
+    victim = _lead_everything(api, nats_cluster)
+    stop = threading.Event()
+    calls: list[Call] = []
+    callers = [
+        threading.Thread(target=lambda n=name: calls.extend(_keep_calling(api, n, stop)), daemon=True)
+        for name in _checked_calls(api)
+    ]
+    for caller in callers:
+        caller.start()
+    try:
+        time.sleep(1.0)
+        faulted = time.monotonic()
+        assert victim.process is not None
+        victim.process.send_signal(sig)
+        victim.process.wait(15)
+        victim.process = None
+        time.sleep(DOWN)
+        victim.start()
+        time.sleep(AFTER)
+    finally:
+        stop.set()
+        for caller in callers:
+            caller.join(api.conn.api_timeout + 5)
+    failures = [c for c in calls if c.error is not None]
+    assert not [c for c in failures if isinstance(c.error, ConsumerNotFoundError | StreamNotFoundError)], failures
+    assert not failures, failures
+    during = [c for c in calls if c.started + c.took >= faulted]
+    assert {c.name for c in during} == {"consumer_info", "stream_info", "unpin"}
+    slowest = max(c.took for c in calls)
+    assert slowest < api.conn.api_timeout, f"a call took {slowest:.1f}s, over the API deadline"
+    assert max(c.took for c in during) > 0.2, "no call met the election: the fault was not exercised"
+
+
+def test_a_missing_consumer_or_stream_still_fails_at_once(leader_api):
+    """A real absence, on a cluster with a meta leader, is confirmed by one question to it, not waited out."""
+    api = leader_api
+    started = time.monotonic()
+    with pytest.raises(ConsumerNotFoundError, match="Consumer 'nobody' on stream 'LDR' does not exist on nats://"):
+        api.consumer_info(STREAM, "nobody")
+    with pytest.raises(StreamNotFoundError, match="Stream 'NOPE' does not exist on nats://"):
+        api.stream_info("NOPE")
+    with pytest.raises(ConsumerNotFoundError, match="create the group's member consumers"):
+        api.conn.run(api.unpin(STREAM, "nobody"))
+    assert time.monotonic() - started < 1.0
