@@ -22,7 +22,7 @@ import pytest
 
 from spark_jetstream.connection import ConnectionOptions, connect
 from spark_jetstream.embedded import EmbeddedCluster, EmbeddedServer
-from spark_jetstream.errors import ApiError, ConsumerNotFoundError, StreamNotFoundError
+from spark_jetstream.errors import ApiError, ClusterUnavailableError, ConsumerNotFoundError, StreamNotFoundError
 from spark_jetstream.groups import member_consumer_config, partition_filters, partitioned_stream_config
 from spark_jetstream.jsapi import JetStreamApi
 
@@ -158,3 +158,31 @@ def test_a_missing_consumer_or_stream_still_fails_at_once(leader_api):
     with pytest.raises(ConsumerNotFoundError, match="create the group's member consumers"):
         api.conn.run(api.unpin(STREAM, "nobody"))
     assert time.monotonic() - started < 1.0
+
+
+def test_no_quorum_error_says_an_election_is_under_way(leader_api, nats_cluster):
+    """With the meta leader and one more server down no leader can be elected: the call fails at the deadline
+    saying so, as a ConnectError (never a not-found), and without advice to re-create anything."""
+    api = leader_api
+    _wait_healthy(api)
+    meta = nats_cluster.wait_for_meta_leader()
+    leader = next(server for server in nats_cluster.servers if server.name == meta)
+    down = [leader, next(server for server in nats_cluster.servers if server is not leader)]
+    for server in down:
+        server.kill()
+    try:
+        started = time.monotonic()
+        with pytest.raises(ClusterUnavailableError) as caught:
+            api.consumer_info(STREAM, CONSUMER)
+        took = time.monotonic() - started
+    finally:
+        for server in down:
+            server.launch()
+        for server in down:
+            server.wait_ready()
+    message = str(caught.value)
+    assert message.startswith("The JetStream meta leader is being elected"), message
+    assert "consumer 'g-0' on stream 'LDR'" in message
+    assert "create" not in message
+    assert api.conn.api_timeout <= took < api.conn.api_timeout + 2
+    _wait_healthy(api)
