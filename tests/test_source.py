@@ -101,16 +101,17 @@ def run_then_kill(args: list[str], ready: Callable[[], bool], timeout: float, po
         child.wait()
 
 
-def member_infos(api, stream) -> dict[str, dict]:
+def member_infos(api, stream, group: str | None = None) -> dict[str, dict]:
+    prefix = f"{group or stream.group}-"
     return {
         name: api.consumer_info(stream.name, name)
         for name in api.consumer_names(stream.name)
-        if name.startswith(f"{stream.group}-")
+        if name.startswith(prefix) and "-" not in name[len(prefix) :]
     }
 
 
-def ack_floors(api, stream) -> dict[str, int]:
-    return {name: info["ack_floor"]["stream_seq"] for name, info in member_infos(api, stream).items()}
+def ack_floors(api, stream, group: str | None = None) -> dict[str, int]:
+    return {name: info["ack_floor"]["stream_seq"] for name, info in member_infos(api, stream, group).items()}
 
 
 EACH_ACK_POLICY = pytest.mark.parametrize("ack_policy", ACK_POLICIES)
@@ -171,17 +172,23 @@ def test_between_batches_every_ack_floor_equals_the_last_committed_offset(
     assert set(ack_floors(api, stream).values()) == {stream.last_seq}
 
 
-@pytest.mark.parametrize(("ack_policy", "direct"), [("explicit", True), ("none", True), ("none", False)])
+@pytest.mark.parametrize(
+    ("ack_policy", "direct", "members"),
+    [("explicit", True, 0), ("none", True, 0), ("none", False, 0), ("explicit", True, 3)],
+)
 def test_driver_killed_mid_batch_restarts_exactly_once(
-    ack_policy, direct, spark, nats_server, api, make_stream, tmp_path
+    ack_policy, direct, members, spark, nats_server, api, make_stream, tmp_path
 ):
     """Pulling with ``ackPolicy=none`` (a stream without Direct Get), the kill waits until a floor ran
     ahead of the checkpoint (delivery is the ack there), so the restart must move it back and replay
-    the batch. Direct Get reads never move a floor."""
-    stream = make_stream(6000, partitions=4, consumers=ack_policy, direct=direct)
+    the batch. Direct Get reads never move a floor. ``members``: 3 members sharing 8 partitions unevenly."""
+    stream = make_stream(6000, partitions=8 if members else 4, consumers=ack_policy, direct=direct)
+    group = f"{stream.group}m{members}" if members else stream.group
     out, checkpoint = tmp_path / "out", tmp_path / "cp"
     args = [sys.executable, str(JOB), "--servers", nats_server.url, "--stream", stream.name, "--group",
-            stream.group, "--out", str(out), "--checkpoint", str(checkpoint), "--ack-policy", ack_policy]  # fmt: skip
+            group, "--out", str(out), "--checkpoint", str(checkpoint), "--ack-policy", ack_policy]  # fmt: skip
+    if members:
+        args += ["--members", str(members)]
 
     def committed() -> int:
         offsets, commits = checkpoint_log(checkpoint, "offsets"), checkpoint_log(checkpoint, "commits")
@@ -199,7 +206,30 @@ def test_driver_killed_mid_batch_restarts_exactly_once(
     assert finish.returncode == 0, finish.stderr[-3000:]
     output = spark.read.parquet(str(out)).select("subject", "data", "seq", "partition")
     assert_df_equality(output, expected_rows(spark, stream), ignore_row_order=True, ignore_nullable=True)
-    assert set(ack_floors(api, stream).values()) == {stream.last_seq}
+    floors = ack_floors(api, stream, group)
+    assert len(floors) == (members or 4) and set(floors.values()) == {stream.last_seq}
+
+
+@pytest.mark.parametrize("members", [1, 3, 8])
+def test_members_owning_several_partitions_read_exactly(members, spark, nats_server, api, make_stream, tmp_path):
+    """pcgroups groups often have fewer members than partitions: 1, 3 (3+3+2) and 8 members on 8."""
+    stream = make_stream(5000, partitions=8)
+    group = f"{stream.group}m{members}"
+    query = (
+        reader(spark, nats_server.url, stream, maxMessagesPerTrigger=1200, members=members, group=group)
+        .writeStream.format("parquet")
+        .option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    output = spark.read.parquet(str(tmp_path / "out")).select("subject", "data", "seq", "partition")
+    assert_df_equality(output, expected_rows(spark, stream), ignore_row_order=True, ignore_nullable=True)
+    floors = ack_floors(api, stream, group)
+    assert len(floors) == members and set(floors.values()) == {stream.last_seq}
+    filters = {len(api.consumer_info(stream.name, name)["config"]["filter_subjects"]) for name in floors}
+    assert filters == ({8} if members == 1 else {3, 2} if members == 3 else {1})
 
 
 def test_tasks_failing_once_are_retried_and_the_output_stays_exact(spark, nats_server, make_stream, tmp_path):

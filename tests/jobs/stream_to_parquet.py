@@ -21,6 +21,7 @@ def main() -> None:
     parser.add_argument("--available-now", action="store_true")
     parser.add_argument("--slow-ms", type=float, default=0.0, help="sleep per row, to make batches slow")
     parser.add_argument("--ack-policy", default="explicit", help="the source's ackPolicy option")
+    parser.add_argument("--members", help="the source's members option (a group derived from the partitions)")
     args = parser.parse_args()
 
     spark = local_session()
@@ -38,6 +39,7 @@ def main() -> None:
         .option("group", args.group)
         .option("maxMessagesPerTrigger", args.max_per_trigger)
         .option("ackPolicy", args.ack_policy)
+        .options(**({"members": args.members} if args.members else {}))
         .load()
         .withColumn("seq", slowly("seq"))
     )
