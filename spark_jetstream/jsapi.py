@@ -17,7 +17,7 @@ from typing import Any
 from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from .connection import ATTEMPT_TIMEOUT, CLUSTER_BUSY_CODES, JETSTREAM_ELECTING, Connection
+from .connection import CLUSTER_BUSY_CODES, JETSTREAM_ELECTING, JETSTREAM_UP, Connection
 from .errors import ApiError, ClusterUnavailableError, ConnectError, ConsumerNotFoundError, StreamNotFoundError
 from .protocol import header_fields
 
@@ -28,6 +28,12 @@ NO_MESSAGE_FOUND = 10037
 ASSET_OFFLINE_CODES = frozenset({10118, 10119})
 """*stream is offline* / *consumer is offline*: every peer of its group is down (a whole-cluster
 restart); retried within the deadline. The variants with a reason (10194/10195) are real and raised."""
+
+_CONFIRM_TIMEOUT = 1.0
+"""Seconds to wait for the meta leader's list of names (it answers in milliseconds when there is one)."""
+NOT_FOUND_GRACE = 2.0
+"""Seconds a not-found is retried when the meta leader cannot be asked for the names (a user without
+``$JS.API.STREAM.NAMES``/``CONSUMER.NAMES``) although ``$JS.API.INFO`` answers; then it is believed."""
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +131,8 @@ class JetStreamApi:
         right now" (``CLUSTER_BUSY_CODES``, ``ASSET_OFFLINE_CODES``) are retried, and a "not found" is
         believed only once the meta leader confirms it (``_missing``): during an election, and from
         a server still replaying its store after a restart, the API answers "not found" for streams
-        and consumers that exist (measured, docs/DESIGN.md section 10).
+        and consumers that exist (measured, docs/DESIGN.md section 10). If the names cannot be asked
+        but JetStream answers, a not-found that lasts ``NOT_FOUND_GRACE`` is believed.
         """
         payload = json.dumps(body).encode() if body is not None else b""
         subject = self.subject(*tokens)
@@ -133,15 +140,26 @@ class JetStreamApi:
         loop = asyncio.get_running_loop()
         timeout = self.conn.api_timeout
         deadline = loop.time() + timeout
+        unconfirmed = 0.0  # when a not-found that the meta leader could not confirm was first seen
         delay = 0.1
         while True:
             raw = await self.conn.request_async(subject, payload, max(0.05, deadline - loop.time()), asset)
             try:
                 return self.decode(raw, what, stream, consumer)
-            except (StreamNotFoundError, ConsumerNotFoundError):
-                confirmed, why = await self._missing(stream, consumer, deadline)
+            except (StreamNotFoundError, ConsumerNotFoundError) as exc:
+                confirmed, answered = await self._missing(stream, consumer, deadline)
                 if confirmed is not None:
                     raise confirmed from None
+                if answered:  # the meta leader lists it: a server still recovering answered
+                    unconfirmed, why = 0.0, "a server answered 'not found' although the meta leader lists it"
+                else:
+                    unconfirmed = unconfirmed or loop.time()
+                    why = "a server answered 'not found' and no meta leader answered to confirm it"
+                    if (
+                        loop.time() - unconfirmed >= NOT_FOUND_GRACE
+                        and await self.conn.jetstream_state(0.5) == JETSTREAM_UP
+                    ):
+                        raise exc from None  # the names cannot be asked (permissions?), but JetStream has its leader
             except ApiError as exc:
                 if exc.err_code not in CLUSTER_BUSY_CODES | ASSET_OFFLINE_CODES:
                     raise
@@ -154,24 +172,24 @@ class JetStreamApi:
 
     async def _missing(
         self, stream: str, consumer: str, deadline: float
-    ) -> tuple[StreamNotFoundError | ConsumerNotFoundError | None, str]:
-        """The not-found error to raise if the meta leader confirms it, else None (retry) and why not.
+    ) -> tuple[StreamNotFoundError | ConsumerNotFoundError | None, bool]:
+        """The not-found error to raise if the meta leader confirms it, and whether it answered at all.
 
         ``STREAM.NAMES`` and ``CONSUMER.NAMES`` are answered by the meta leader alone, from the
         cluster's assignments: authoritative, unlike the "not found" a recovering server or a leaderless
         group gives. No answer from them (an election) confirms nothing.
         """
         remaining = deadline - asyncio.get_running_loop().time()
-        timeout = max(0.05, min(remaining, ATTEMPT_TIMEOUT))
+        timeout = max(0.05, min(remaining, _CONFIRM_TIMEOUT))
         try:
             if not await self._listed(("STREAM", "NAMES"), "streams", stream, timeout):
-                return self.not_found(STREAM_NOT_FOUND, stream), ""
+                return self.not_found(STREAM_NOT_FOUND, stream), True
             if consumer and not await self._listed(("CONSUMER", "NAMES", stream), "consumers", consumer, timeout):
-                return self.not_found(CONSUMER_NOT_FOUND, stream, consumer), ""
+                return self.not_found(CONSUMER_NOT_FOUND, stream, consumer), True
         except (NoRespondersError, NatsTimeoutError, ConnectionClosedError, ApiError) as exc:
-            reason = str(exc) or type(exc).__name__
-            return None, f"a server answered 'not found' and no meta leader could confirm it ({reason})"
-        return None, "a server answered 'not found' although the meta leader lists it (a server still recovering)"
+            log.debug("Could not confirm that %s is missing: %s", describe_asset(stream, consumer), exc)
+            return None, False
+        return None, True
 
     async def _listed(self, tokens: tuple[str, ...], key: str, name: str, timeout: float) -> bool:
         """Whether ``name`` is among the names the meta leader lists (paged); raises if it cannot answer."""

@@ -184,5 +184,5 @@ def test_no_quorum_error_says_an_election_is_under_way(leader_api, nats_cluster)
     assert message.startswith("The JetStream meta leader is being elected"), message
     assert "consumer 'g-0' on stream 'LDR'" in message
     assert "create" not in message
-    assert api.conn.api_timeout <= took < api.conn.api_timeout + 2
+    assert api.conn.api_timeout - 1.5 <= took < api.conn.api_timeout + 2  # retried to the deadline, not beyond
     _wait_healthy(api)
