@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -357,12 +357,55 @@ def server_version(binary: str) -> str:
     return subprocess.run([binary, "--version"], capture_output=True, text=True, check=False).stdout.strip()
 
 
+TARGET = 5.0
+"""Issue 23's target: new rows committed within this many seconds of the new leader's election."""
+
+
+def scenario(suite: Any) -> None:
+    """``bench/run.py --only leader-change``: this script in a process of its own (it needs a cluster
+    and a Spark session of its own), its table printed, and one summary row: the worst time from a
+    successor's election to the first committed batch with new rows, against the no-fault baseline."""
+    import subprocess
+
+    from suite import Summary
+
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    done = subprocess.run(
+        [sys.executable, __file__, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).parent,
+        check=False,
+    )
+    if done.returncode:
+        sys.exit(f"leader-change failed:\n{done.stderr[-3000:]}")
+    lines = done.stdout.strip().splitlines()
+    print("\n".join(lines[:-1]))
+    rows = json.loads(lines[-1])
+    after = [r["new_rows"] - (r["elected"] or 0.0) for r in rows if r["fault"] != "none" and r["new_rows"] is not None]
+    stalled = any(r["new_rows"] is None or r["failed"] != "no" for r in rows)
+    worst = max(after, default=float("nan"))
+    baseline = next(r["new_rows"] for r in rows if r["fault"] == "none")
+    suite.summary.append(
+        Summary(
+            "leader change: election to new rows, worst fault (s)",
+            worst,
+            baseline,
+            "s",
+            f"< {TARGET:g} s, no failure",
+            worst < TARGET and not stalled,
+        )
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=int, default=500, help="messages per second published throughout")
     parser.add_argument("--down", type=float, default=5.0, help="seconds before the victim is restarted")
     parser.add_argument("--rounds", type=int, default=1, help="times the sequence of faults is run")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds of steady state before each fault")
+    parser.add_argument("--json", action="store_true", help="also print the results as one JSON line, last")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -379,6 +422,8 @@ def main() -> None:
         timings = f"{secs(r.elected):>10}{secs(r.new_rows):>11}{r.gap:>12.1f}"
         print(f"{r.fault:<17}{r.victim:<8}{r.led:<22}{timings}  {r.failed}")
     print(f"query restarts: {restarts}; publishes retried through the faults: {retries}")
+    if args.json:
+        print(json.dumps([asdict(r) for r in results]))
 
 
 if __name__ == "__main__":

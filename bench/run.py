@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import leader_change
 from common import WARMUP_STREAM, create_stream, publish, server_version, warmup_messages
 from scenarios import first_batch, latency, memory, read, scaling, write
 from suite import READ_PARTITIONS, SIZE, WARMUP_MESSAGES, Suite, print_peaks, print_summary
@@ -65,6 +66,7 @@ RUNNERS: dict[str, Callable[[Suite], None]] = {
     "write": write.run,
     "memory": memory.run,
     "first-batch": first_batch.run,
+    "leader-change": leader_change.scenario,
 }
 SCENARIOS = tuple(RUNNERS)
 
