@@ -156,6 +156,12 @@ def event_loop() -> _LoopThread:
         return _loop
 
 
+class NoAnswerError(ConnectError):
+    """An API request about a stream or consumer got no answer (no responders while JetStream answers,
+    or a timeout): it has no leader right now, or does not exist (``request_async`` with
+    ``unanswered_error``; ``jsapi`` asks the meta leader which)."""
+
+
 class TlsNotOfferedError(NatsError):
     """The server offered no TLS although TLS was asked for: nothing (no credential) was sent to it."""
 
@@ -239,14 +245,20 @@ class Connection:
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         return self.runner.run(coro, timeout)
 
-    async def request_async(self, subject: str, payload: bytes, timeout: float, asset: str = "") -> bytes:
+    async def request_async(
+        self, subject: str, payload: bytes, timeout: float, asset: str = "", unanswered_error: bool = False
+    ) -> bytes:
         """A request, retried with backoff for up to ``timeout`` seconds while nobody answers: a
         restarting server or a JetStream leader election heals within that, a wrong domain does not.
 
-        No responders while JetStream itself answers (``$JS.API.INFO``) means the stream's or
-        consumer's leader is missing (an election), so it is retried to the end like a timeout; no
-        responders from JetStream too means a wrong domain or no JetStream, refused after
-        ``connectTimeout``. ``asset`` ("consumer 'c' on stream 's'") names what the error talks about.
+        No responders to an API request while JetStream itself answers (``$JS.API.INFO``) means the
+        stream's or consumer's leader is missing (an election), so it is retried to the end like a
+        timeout; no responders from JetStream too means a wrong domain or no JetStream, refused after
+        ``connectTimeout``, as is a publish (not an API subject) that no stream takes. ``asset``
+        ("consumer 'c' on stream 's'") names what the error talks about. With ``unanswered_error``
+        an attempt that timed out, or found no responders while JetStream answers, raises
+        ``NoAnswerError``: the caller finds out whether the asset exists at all (RESET of a consumer
+        that does not exist is never answered) and retries within its own deadline.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -262,13 +274,25 @@ class Connection:
                     return msg.data
                 except NoRespondersError:
                     watch.saw("no responders")
-                    if watch.jetstream == JETSTREAM_ABSENT and loop.time() + delay >= responder_deadline:
+                    if unanswered_error and watch.jetstream == JETSTREAM_UP:
+                        raise NoAnswerError(f"No responder for {subject} although JetStream answers.") from None
+                    if loop.time() + delay < responder_deadline:
+                        pass
+                    elif watch.jetstream == JETSTREAM_ABSENT:
                         raise ConnectError(
                             f"No responder for {subject} on {self.server_url}: is JetStream enabled, and is the "
                             f"domain option right (now {self.options.domain or 'none'})?"
                         ) from None
+                    elif watch.jetstream == JETSTREAM_UP and not subject.startswith(f"{self.options.api_prefix}."):
+                        raise ConnectError(
+                            f"No stream answered {subject} on {self.server_url} within "
+                            f"{self.options.connect_timeout:g}s although JetStream answers: no stream captures that "
+                            "subject, or its stream's leader is being elected."
+                        ) from None
                 except NatsTimeoutError:
                     watch.saw("timeout")
+                    if unanswered_error:
+                        raise NoAnswerError(f"{subject} got no answer within {attempt:g}s.") from None
                 except ConnectionClosedError:
                     raise ConnectError(f"The connection to {self.server_url} is closed.") from None
                 if loop.time() + delay >= deadline:

@@ -17,7 +17,7 @@ from typing import Any
 from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from .connection import CLUSTER_BUSY_CODES, JETSTREAM_ELECTING, JETSTREAM_UP, Connection
+from .connection import CLUSTER_BUSY_CODES, JETSTREAM_ELECTING, JETSTREAM_UP, Connection, NoAnswerError
 from .errors import ApiError, ClusterUnavailableError, ConnectError, ConsumerNotFoundError, StreamNotFoundError
 from .protocol import header_fields
 
@@ -127,8 +127,9 @@ class JetStreamApi:
         """One API request with a JSON body; errors become the connector's exceptions.
 
         The one retry layer of the API, within one deadline (the connection's API timeout): timeouts
-        and missing responders are retried by the request; here, answers that only mean "no leader
-        right now" (``CLUSTER_BUSY_CODES``, ``ASSET_OFFLINE_CODES``) are retried, and a "not found" is
+        are retried by the request; here, a stream's or consumer's request that got no answer or no
+        responders (no leader, as long as the meta leader lists it) and answers that only mean "no leader right now"
+        (``CLUSTER_BUSY_CODES``, ``ASSET_OFFLINE_CODES``) are retried, and a "not found" is
         believed only once the meta leader confirms it (``_missing``): during an election, and from
         a server still replaying its store after a restart, the API answers "not found" for streams
         and consumers that exist (measured, docs/DESIGN.md section 10). If the names cannot be asked
@@ -143,9 +144,15 @@ class JetStreamApi:
         unconfirmed = 0.0  # when a not-found that the meta leader could not confirm was first seen
         delay = 0.1
         while True:
-            raw = await self.conn.request_async(subject, payload, max(0.05, deadline - loop.time()), asset)
             try:
+                remaining = max(0.05, deadline - loop.time())
+                raw = await self.conn.request_async(subject, payload, remaining, asset, unanswered_error=bool(stream))
                 return self.decode(raw, what, stream, consumer)
+            except NoAnswerError as exc:  # no leader now (RESET is served by the leader alone), or no such thing
+                confirmed, _ = await self._missing(stream, consumer, deadline)
+                if confirmed is not None:
+                    raise confirmed from None
+                why = str(exc)
             except (StreamNotFoundError, ConsumerNotFoundError) as exc:
                 confirmed, answered = await self._missing(stream, consumer, deadline)
                 if confirmed is not None:
