@@ -36,7 +36,7 @@ KEEP_ALIVE = 1.0
 
 _NS = 1_000_000_000
 _TAKE_WAIT = 2.0  # how long a pull that takes a pin waits for a message
-_UNDO_TRIES = 10
+_UNDO_TRIES = 50
 
 
 class PinKeeper:
@@ -128,11 +128,17 @@ class PinKeeper:
         log.info("Holding the pin of member consumer %s (%s)", consumer, status)
 
     async def _undo_delivery(self, consumer: str) -> None:
-        """RESET the consumer to the committed watermark until its reply shows no delivery: measured on
-        2.15.1, a RESET sent as soon as the taking delivery arrives sometimes lands before the server
-        has counted that delivery, which then stays counted."""
+        """RESET the consumer to the committed watermark once the server has counted the taking delivery.
+        Measured on 2.15.1: the message can arrive before the server counts it, and a RESET sent at once
+        then lands first and the delivery stays counted (and would read as another client's)."""
+        stream = self.members.stream
         for _ in range(_UNDO_TRIES):
-            info = await self.api.reset(self.members.stream, consumer, self.members.acked_through + 1)
+            info = await self.api.consumer_info_async(stream, consumer)
+            if info["delivered"]["consumer_seq"] > 0:
+                break
+            await asyncio.sleep(0.02)
+        for _ in range(_UNDO_TRIES):
+            info = await self.api.reset(stream, consumer, self.members.acked_through + 1)
             if info["delivered"]["consumer_seq"] == 0:
                 return
             await asyncio.sleep(0.05)
