@@ -6,9 +6,12 @@ from typing import TYPE_CHECKING
 
 from .errors import (
     ApiError,
+    ClusterUnavailableError,
     ConnectError,
     ConsumerNotFoundError,
+    DataLossError,
     FencedError,
+    GroupConfigError,
     JetStreamError,
     OptionError,
     ReaderError,
@@ -31,9 +34,12 @@ def register(spark: SparkSession) -> None:
 
 __all__ = [
     "ApiError",
+    "ClusterUnavailableError",
     "ConnectError",
     "ConsumerNotFoundError",
+    "DataLossError",
     "FencedError",
+    "GroupConfigError",
     "JetStreamError",
     "OptionError",
     "ReaderError",

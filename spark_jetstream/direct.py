@@ -14,6 +14,7 @@ Rows have the streaming source's schema (``rows.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Iterator, Sequence
@@ -21,8 +22,8 @@ from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
-from .connection import Connection
-from .errors import ApiError, ReaderError
+from .connection import ATTEMPT_TIMEOUT, Connection
+from .errors import ApiError, ClusterUnavailableError, ReaderError
 from .jsapi import NO_MESSAGE_FOUND, JetStreamApi
 from .options import default_of
 from .protocol import STATUS_PREFIX, status_line
@@ -102,6 +103,7 @@ class _DirectReader:
         self.received = 0  # messages in the current batch
         self.pending: int | None = None  # matching messages after the last one, as the replica saw it
         self.error: str | None = None
+        self.unavailable = False  # the last request got 503: nobody answers Direct Get right now
         self.done = False
 
     async def open(self) -> None:
@@ -136,18 +138,41 @@ class _DirectReader:
         return rows
 
     async def _batch(self) -> None:
-        wanted = min(self.range.direct_batch, self.range.end - self.last)
-        request = {"seq": self.last + 1, "next_by_subj": self.range.filter, "batch": wanted}
-        self.received, self.pending, self.error = 0, None, None
-        self.batch_done.clear()
-        await self.conn.client.publish(self.subject, json.dumps(request).encode(), reply=self.inbox)
-        try:
-            await asyncio.wait_for(self.batch_done.wait(), self.conn.api_timeout)
-        except TimeoutError:
-            raise ReaderError(
-                f"Direct Get on stream {self.range.stream!r} got no answer within {self.conn.api_timeout:g}s: is "
-                "the stream available?"
-            ) from None
+        """One Direct Get batch from ``last + 1``.
+
+        A request sent into a connection that then dropped (its server died) is never answered, and
+        while a stream has no responding replica the server answers 503: after ``ATTEMPT_TIMEOUT``
+        without a message, or on a 503, the rest is asked for again on a new inbox (late replies to
+        the old request are ignored), until ``api_timeout`` passes without progress.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.conn.api_timeout
+        while True:
+            wanted = min(self.range.direct_batch, self.range.end - self.last)
+            request = {"seq": self.last + 1, "next_by_subj": self.range.filter, "batch": wanted}
+            self.received, self.pending, self.error, self.unavailable = 0, None, None, False
+            self.batch_done.clear()
+            await self.conn.client.publish(self.subject, json.dumps(request).encode(), reply=self.inbox)
+            while not self.batch_done.is_set():
+                heard = self.received
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.batch_done.wait(), ATTEMPT_TIMEOUT)
+                if self.received > heard:
+                    deadline = loop.time() + self.conn.api_timeout  # messages flow: not stuck
+                elif not self.batch_done.is_set():
+                    break  # nothing for a whole attempt: ask again
+            if self.batch_done.is_set() and not self.unavailable:
+                break
+            if loop.time() >= deadline:
+                raise ClusterUnavailableError(
+                    f"Direct Get on stream {self.range.stream!r} got no answer within {self.conn.api_timeout:g}s "
+                    f"(seq {self.last} read of {self.range.end}): no replica of the stream answers; is a majority "
+                    "of its servers down?"
+                )
+            log.info("Asking stream %s again for %s from seq %d", self.range.stream, self.range.filter, self.last + 1)
+            await asyncio.sleep(0.1 if self.unavailable else 0)
+            await self.close()
+            await self.open()
         if self.error is not None:
             raise ReaderError(self.error)
         if self.last >= self.range.end:
@@ -159,7 +184,9 @@ class _DirectReader:
             return
         if headers.startswith(STATUS_PREFIX):
             code = headers[len(STATUS_PREFIX) : len(STATUS_PREFIX) + 3]
-            if code not in (b"204", b"404"):  # 204: end of batch; 404: nothing (more) matches
+            if code == b"503":  # no replica answers right now (an election, servers restarting)
+                self.unavailable = True
+            elif code not in (b"204", b"404"):  # 204: end of batch; 404: nothing (more) matches
                 self.error = f"Direct Get on stream {self.range.stream!r} failed: {status_line(headers)}."
             self.batch_done.set()
             return

@@ -191,11 +191,13 @@ class MemberConsumers:
         layout, api = self.layout, self.api
 
         async def reset() -> None:
+            consumers = [layout.consumer(member) for member in layout.member_names]
             async with self.lock:
-                for index, member in enumerate(layout.member_names):
-                    await api.reset(self.stream, layout.consumer(member), seq + 1)
-                    if index == 0 and seq > 0:
-                        fault_point("commit")  # a crash with only some floors moved
+                await api.reset(self.stream, consumers[0], seq + 1)
+                if seq > 0:
+                    fault_point("commit")  # a crash with only some floors moved
+                # together: a consumer whose leader is being elected holds up the commit once, not per member
+                await asyncio.gather(*(api.reset(self.stream, consumer, seq + 1) for consumer in consumers[1:]))
                 self.acked_through = seq
             if retention == "workqueue":
                 subjects = [s for m in layout.member_names for s in layout.filter_subjects(m)] or [""]

@@ -10,7 +10,7 @@ import json
 import threading
 
 from .connection import Connection, ConnectionOptions
-from .errors import ApiError, ConnectError, JetStreamError, StreamNotFoundError
+from .errors import ApiError, ClusterUnavailableError, ConnectError, JetStreamError, StreamNotFoundError
 from .jsapi import JetStreamApi
 
 STREAM_NAME_EXISTS = 10058
@@ -72,6 +72,8 @@ def write_marker(conn: Connection, bucket: str, key: str, batch_id: int) -> None
     subject = f"$KV.{bucket}.{key}"
     try:
         raw = conn.run(conn.request_async(subject, str(batch_id).encode(), conn.api_timeout))
+    except ClusterUnavailableError:
+        raise  # an election that outlasted the deadline: its message says so
     except ConnectError as exc:
         raise JetStreamError(
             f"Cannot record batch {batch_id} in KV bucket {bucket!r} (key {key}): {exc} Was the bucket deleted?"
