@@ -106,3 +106,37 @@ def test_a_client_pulling_with_the_querys_pin_id_is_detected_and_named(
     output = spark.read.parquet(str(tmp_path / "out")).select("subject", "data", "seq", "partition")
     assert_df_equality(output, expected_rows(spark, stream), ignore_row_order=True, ignore_nullable=True)
     assert set(ack_floors(api, stream).values()) == {stream.last_seq}
+
+
+def pinned_id(api, stream, consumer: str) -> str | None:
+    groups = api.consumer_info(stream.name, consumer).get("priority_groups") or []
+    return next((g.get("pinned_client_id") for g in groups), None)
+
+
+def test_the_pin_outlives_an_idle_stretch_longer_than_the_priority_timeout(
+    spark, nats_server, conn, api, make_stream, tmp_path
+):
+    """A standby that starts after the query sat idle for longer than ``priority_timeout`` (when an
+    unkept pin would have lapsed) still gets nothing from the new data."""
+    stream = make_stream(1000, partitions=1)
+    consumer = stream.consumer(0)
+    query = start_query(spark, nats_server.url, stream, tmp_path)
+    try:
+        wait_for(lambda: committed_seq(tmp_path / "cp") == stream.last_seq, 120, "the query to read everything")
+        wait_for(lambda: pinned_id(api, stream, consumer) is not None, 10, "the query to hold the pin")
+        pin = pinned_id(api, stream, consumer)
+        timeout = api.consumer_info(stream.name, consumer)["config"]["priority_timeout"] / 1e9
+        time.sleep(timeout + 3)  # idle: nothing new to read
+        standby = foreign_client(nats_server.url, stream, consumer, 12)
+        time.sleep(2)  # the standby is waiting when the new data comes
+        add_messages(conn, stream, 600, seed=11)
+        got = json.loads(standby.communicate(timeout=60)[0])
+        wait_for(lambda: committed_seq(tmp_path / "cp") == stream.last_seq, 120, "the query to read the new data")
+        assert got["messages"] == 0, got
+        assert pinned_id(api, stream, consumer) == pin  # the same pin all along
+        assert query.isActive and query.exception() is None
+    finally:
+        query.stop()
+    output = spark.read.parquet(str(tmp_path / "out")).select("subject", "data", "seq", "partition")
+    assert_df_equality(output, expected_rows(spark, stream), ignore_row_order=True, ignore_nullable=True)
+    assert set(ack_floors(api, stream).values()) == {stream.last_seq}
