@@ -57,7 +57,7 @@ from suite import READ_PARTITIONS, SIZE, WARMUP_MESSAGES, Suite, print_peaks, pr
 from spark_jetstream.connection import ConnectionOptions, close_all, connect
 from spark_jetstream.embedded import EmbeddedServer
 
-NAIVE_DIR = Path(__file__).resolve().parents[2] / "shared" / "bench"
+NAIVE_DIR = Path(__file__).resolve().parent / "baseline"
 
 RUNNERS: dict[str, Callable[[Suite], None]] = {
     "read": read.run,
