@@ -25,28 +25,27 @@ printed; nothing is asserted: the machine is shared, and the numbers are for BEN
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import itertools
 import json
 import os
 import re
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import nats
-
 from spark_jetstream.connection import ConnectionOptions, close_all, connect
 from spark_jetstream.demo import QUIET_LOG4J
-from spark_jetstream.embedded import EmbeddedCluster, EmbeddedServer
+from spark_jetstream.embedded import (
+    EmbeddedCluster,
+    Publisher,
+    commits,
+    inject_fault,
+    longest_commit_gap,
+    wait_healthy,
+)
 from spark_jetstream.groups import partitioned_stream_config
 from spark_jetstream.jsapi import JetStreamApi
 
@@ -61,62 +60,6 @@ MAX_PER_TRIGGER = 2000
 NEW_ROWS_WAIT = 90.0
 """Seconds to wait for a batch with new rows after a fault before calling it stalled for good."""
 FAULTS = ("none", "stream leader", "consumer leader", "meta leader")
-
-
-# -- the publisher -------------------------------------------------------------------------------
-
-
-class Publisher:
-    """Publishes ``rate`` msg/s from a thread of its own, each message retried until its PubAck comes
-    (``Nats-Msg-Id`` makes a retry of a stored message a duplicate), and tracks the last acked seq."""
-
-    def __init__(self, servers: list[str], rate: int) -> None:
-        self.servers = servers
-        self.rate = rate
-        self.last_seq = 0
-        self.published = 0
-        self.retries = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="publisher", daemon=True)
-
-    def start(self) -> Publisher:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(30)
-
-    async def _one(self, js: Any, index: int) -> None:
-        headers = {"Nats-Msg-Id": f"lead-{index}"}
-        payload = json.dumps({"i": index, "t": time.time()}).encode()
-        while not self._stop.is_set():
-            try:
-                ack = await js.publish(f"lead.k{index % 211}", payload, timeout=2.0, headers=headers)
-            except Exception:  # a leader change: the same message again, the msg id dedupes it
-                self.retries += 1
-                await asyncio.sleep(0.2)
-                continue
-            self.last_seq = max(self.last_seq, ack.seq)
-            self.published += 1
-            return
-
-    async def _run(self) -> None:
-        client = await nats.connect(servers=self.servers, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
-        js = client.jetstream()
-        tick, per_tick, index = 0.02, max(1, round(self.rate * 0.02)), 0
-        pending: set[asyncio.Task[None]] = set()
-        next_tick = time.monotonic()
-        while not self._stop.is_set():
-            for _ in range(per_tick):
-                task = asyncio.create_task(self._one(js, index))
-                pending.add(task)
-                task.add_done_callback(pending.discard)
-                index += 1
-            next_tick += tick
-            await asyncio.sleep(max(0.0, next_tick - time.monotonic()))
-        await asyncio.gather(*pending, return_exceptions=True)
-        await client.close()
 
 
 # -- the query -----------------------------------------------------------------------------------
@@ -146,70 +89,7 @@ def cause(text: str) -> str:
     return f"{found[-1][0]}: {found[-1][1]}"[:200] if found else text.strip().splitlines()[0][:200]
 
 
-def commits(checkpoint: Path) -> list[tuple[float, int]]:
-    """(commit time, end seq) of every committed batch, in batch order."""
-    done = []
-    for path in (checkpoint / "commits").glob("[0-9]*"):
-        batch = int(path.name)
-        offsets = checkpoint / "offsets" / str(batch)
-        if not offsets.exists():
-            continue
-        end = json.loads(offsets.read_text().strip().splitlines()[-1])
-        done.append((batch, path.stat().st_mtime, int(end["seq"])))
-    return [(at, seq) for _, at, seq in sorted(done)]
-
-
 # -- the faults ----------------------------------------------------------------------------------
-
-
-def meta_leader(servers: list[EmbeddedServer]) -> str | None:
-    """The meta leader as the given servers' ``/jsz`` reports it."""
-    for server in servers:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{server.monitor_port}/jsz", timeout=1) as response:
-                leader = json.load(response).get("meta_cluster", {}).get("leader")
-        except OSError:
-            continue
-        if leader:
-            return leader
-    return None
-
-
-def wait_healthy(api: JetStreamApi, consumers: list[str], wait: float = 60.0) -> None:
-    """Every replica of the stream and of the member consumers current again."""
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        try:
-            infos = [api.stream_info(STREAM)["cluster"]] + [api.consumer_info(STREAM, c)["cluster"] for c in consumers]
-        except Exception:
-            time.sleep(0.5)
-            continue
-        replicas = [c.get("replicas") or [] for c in infos]
-        if all(c.get("leader") for c in infos) and all(
-            len(r) == 2 and all(x.get("current") for x in r) for r in replicas
-        ):
-            return
-        time.sleep(0.5)
-    print("warning: the cluster did not become healthy again", file=sys.stderr)
-
-
-def move_leader(api: JetStreamApi, tokens: tuple[str, ...], info: Any, avoid: set[str], names: list[str]) -> None:
-    """Step a group's leader down until it sits on a server not in ``avoid`` (best effort)."""
-    for _ in range(10):
-        if info()["cluster"].get("leader") not in avoid:
-            return
-        preferred = next(name for name in names if name not in avoid)
-        with contextlib.suppress(Exception):  # a group still settling: ask again
-            api.call(tokens, {"placement": {"preferred": preferred}}, "leader step-down")
-        time.sleep(1.5)
-
-
-def leads(api: JetStreamApi, cluster: EmbeddedCluster, consumers: list[str], name: str) -> str:
-    """What ``name`` leads: meta, stream, member consumers."""
-    roles = ["meta"] if meta_leader(cluster.servers) == name else []
-    roles += ["stream"] if api.stream_info(STREAM)["cluster"].get("leader") == name else []
-    roles += [c for c in consumers if api.consumer_info(STREAM, c)["cluster"].get("leader") == name]
-    return ",".join(roles) or "-"
 
 
 @dataclass
@@ -221,67 +101,6 @@ class Result:
     new_rows: float | None
     gap: float
     failed: str
-
-
-def run_fault(
-    fault: str, api: JetStreamApi, cluster: EmbeddedCluster, consumers: list[str], publisher: Publisher, down: float
-) -> tuple[float, int, str, str, threading.Thread | None, list[float | None]]:
-    """Inject ``fault``; returns the fault's time and the stream's last seq then, the victim and what it led,
-    and a thread that records when a successor answered (into the list) and restarts the victim after
-    ``down`` s."""
-    names = [s.name for s in cluster.servers]
-    by_name = {s.name: s for s in cluster.servers}
-    meta = meta_leader(cluster.servers) or ""
-    stream_leader = api.stream_info(STREAM)["cluster"]["leader"]
-    if fault == "none":
-        return time.time(), publisher.last_seq, "-", "-", None, [None]
-    if fault == "consumer leader":
-        move_leader(
-            api,
-            ("CONSUMER", "LEADER", "STEPDOWN", STREAM, consumers[0]),
-            lambda: api.consumer_info(STREAM, consumers[0]),
-            {meta, stream_leader},
-            names,
-        )
-        victim = by_name[api.consumer_info(STREAM, consumers[0])["cluster"]["leader"]]
-    elif fault == "stream leader":
-        victim = by_name[stream_leader]
-    else:
-        victim = by_name[meta]
-    led = leads(api, cluster, consumers, victim.name)
-    elected: list[float | None] = [None]
-    at, last_seq = time.time(), publisher.last_seq
-    assert victim.process is not None
-    victim.process.send_signal(signal.SIGTERM if fault == "meta leader" else signal.SIGKILL)
-
-    def successor() -> str | None:
-        survivors = [s for s in cluster.servers if s is not victim]
-        if fault == "meta leader":
-            return meta_leader(survivors)
-        info = api.stream_info(STREAM) if fault == "stream leader" else api.consumer_info(STREAM, consumers[0])
-        return info["cluster"].get("leader")
-
-    def watch() -> None:
-        restart_at = at + down
-        while time.time() < at + NEW_ROWS_WAIT:
-            if elected[0] is None:
-                try:
-                    leader = successor()
-                except Exception:
-                    leader = None
-                if leader and leader != victim.name:
-                    elected[0] = time.time() - at
-            if victim.process is not None and victim.process.poll() is not None:
-                victim.process = None
-            if victim.process is None and time.time() >= restart_at:
-                victim.start()
-            if elected[0] is not None and victim.process is not None:
-                return
-            time.sleep(0.1)
-
-    watcher = threading.Thread(target=watch, name="watch", daemon=True)
-    watcher.start()
-    return at, last_seq, victim.name, led, watcher, elected
 
 
 def measure(args: argparse.Namespace) -> tuple[list[Result], int, int, str]:
@@ -315,11 +134,11 @@ def measure(args: argparse.Namespace) -> tuple[list[Result], int, int, str]:
                 raise RuntimeError(f"the query failed at start: {query.exception()}")
             time.sleep(0.2)
         for fault in [f for _ in range(args.rounds) for f in FAULTS]:
-            wait_healthy(api, consumers)
+            if not wait_healthy(api, STREAM, consumers):
+                print("warning: the cluster did not become healthy again", file=sys.stderr)
             time.sleep(args.settle)
-            at, last_seq, victim_name, led, watcher, elected = run_fault(
-                fault, api, cluster, consumers, publisher, args.down
-            )
+            injected = inject_fault(fault, api, cluster, STREAM, consumers, publisher, args.down, NEW_ROWS_WAIT)
+            at, last_seq = injected.at, injected.last_seq
             new_rows, failed = None, "no"
             deadline = at + NEW_ROWS_WAIT
             while time.time() < deadline:
@@ -332,14 +151,10 @@ def measure(args: argparse.Namespace) -> tuple[list[Result], int, int, str]:
                     new_rows = newer[0] - at
                     break
                 time.sleep(0.1)
-            if watcher is not None:
-                watcher.join(NEW_ROWS_WAIT)
-            times = [t for t, _ in commits(checkpoint)]
-            window = [t for t in times if at - 5 <= t <= at + (new_rows or NEW_ROWS_WAIT)]
-            before = [t for t in times if t <= at]
-            edges = ([before[-1]] if before else [at]) + [t for t in window if t > at]
-            gap = max((b - a for a, b in itertools.pairwise(edges)), default=0.0)
-            results.append(Result(fault, victim_name, led, elected[0], new_rows, gap, failed))
+            if injected.watcher is not None:
+                injected.watcher.join(NEW_ROWS_WAIT)
+            gap = longest_commit_gap([t for t, _ in commits(checkpoint)], at, at + (new_rows or NEW_ROWS_WAIT))
+            results.append(Result(fault, injected.victim_name, injected.led, injected.elected, new_rows, gap, failed))
             print(f"{fault}: {results[-1]}", flush=True)
         query.stop()
         publisher.stop()

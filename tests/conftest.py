@@ -95,6 +95,12 @@ def nats_cluster() -> Iterator[EmbeddedCluster]:
     cluster.close()
 
 
+@pytest.fixture(scope="module")
+def cluster_api(nats_cluster: EmbeddedCluster) -> JetStreamApi:
+    """A JetStream API client connected to every server of the module's cluster."""
+    return JetStreamApi(connect(ConnectionOptions(servers=tuple(s.url for s in nats_cluster.servers))))
+
+
 @pytest.fixture(scope="session")
 def conn(nats_server: EmbeddedServer) -> Connection:
     return connect(ConnectionOptions(servers=(nats_server.url,)))

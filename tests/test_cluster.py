@@ -8,20 +8,13 @@ import pyarrow as pa
 import pytest
 from test_source import slow_parquet_query
 
-from spark_jetstream.connection import ConnectionOptions, connect
 from spark_jetstream.groups import member_consumer_config, partition_filters, partitioned_stream_config
-from spark_jetstream.jsapi import JetStreamApi
 from spark_jetstream.publish import publish_all
 from spark_jetstream.pull import MemberRange, PullSettings, read_member
 
 pytestmark = pytest.mark.slow
 
 SETTINGS = PullSettings(batch=100, in_flight=3, expires=2.0, idle_heartbeat=0.5, record_batch_size=200)
-
-
-@pytest.fixture(scope="module")
-def cluster_api(nats_cluster) -> JetStreamApi:
-    return JetStreamApi(connect(ConnectionOptions(servers=tuple(s.url for s in nats_cluster.servers))))
 
 
 def _seqs(batches: list[pa.RecordBatch]) -> list[int]:
