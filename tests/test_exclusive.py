@@ -11,10 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from chispa import assert_df_equality
 from conftest import add_messages
 from pyspark.sql.streaming import StreamingQuery
-from test_source import ack_floors, checkpoint_log, expected_rows, reader
+from test_source import ack_floors, assert_output_exact, checkpoint_log, reader, run_available_now
 
 pytestmark = pytest.mark.slow
 
@@ -67,8 +66,7 @@ def test_a_standby_on_a_member_consumer_gets_nothing_while_the_query_reads_new_d
         assert query.isActive and query.exception() is None
     finally:
         query.stop()
-    output = spark.read.parquet(str(tmp_path / "out")).select("subject", "data", "seq", "partition")
-    assert_df_equality(output, expected_rows(spark, stream), ignore_row_order=True, ignore_nullable=True)
+    assert_output_exact(spark, stream, tmp_path)
     assert set(ack_floors(api, stream).values()) == {stream.last_seq}
 
 
@@ -94,17 +92,8 @@ def test_a_client_pulling_with_the_querys_pin_id_is_detected_and_named(
     assert "deliveries since the query last reset it" in message
     assert f"$JS.API.CONSUMER.MSG.NEXT.{stream.name}.{stream.group}-*" in message
     # the restart reads on from the checkpoint: exact output, floors at the end
-    rerun = (
-        reader(spark, nats_server.url, stream)
-        .writeStream.format("parquet")
-        .option("path", str(tmp_path / "out"))
-        .option("checkpointLocation", str(tmp_path / "cp"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    rerun.awaitTermination()
-    output = spark.read.parquet(str(tmp_path / "out")).select("subject", "data", "seq", "partition")
-    assert_df_equality(output, expected_rows(spark, stream), ignore_row_order=True, ignore_nullable=True)
+    run_available_now(reader(spark, nats_server.url, stream), tmp_path)
+    assert_output_exact(spark, stream, tmp_path)
     assert set(ack_floors(api, stream).values()) == {stream.last_seq}
 
 
@@ -137,6 +126,5 @@ def test_the_pin_outlives_an_idle_stretch_longer_than_the_priority_timeout(
         assert query.isActive and query.exception() is None
     finally:
         query.stop()
-    output = spark.read.parquet(str(tmp_path / "out")).select("subject", "data", "seq", "partition")
-    assert_df_equality(output, expected_rows(spark, stream), ignore_row_order=True, ignore_nullable=True)
+    assert_output_exact(spark, stream, tmp_path)
     assert set(ack_floors(api, stream).values()) == {stream.last_seq}

@@ -69,6 +69,18 @@ def expected_rows(spark: SparkSession, stream) -> DataFrame:
     return spark.createDataFrame(rows, "subject string, data binary, seq long, partition int")
 
 
+def run_available_now(rows: DataFrame, tmp_path: Path) -> None:
+    """Write ``rows`` to parquet in ``tmp_path/out`` (checkpoint ``tmp_path/cp``) until ``availableNow`` ends."""
+    writer = rows.writeStream.format("parquet").option("path", str(tmp_path / "out"))
+    writer.option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start().awaitTermination()
+
+
+def assert_output_exact(spark: SparkSession, stream, tmp_path: Path) -> None:
+    """``tmp_path/out`` holds every message of ``stream`` exactly once."""
+    output = spark.read.parquet(str(tmp_path / "out")).select("subject", "data", "seq", "partition")
+    assert_df_equality(output, expected_rows(spark, stream), ignore_row_order=True, ignore_nullable=True)
+
+
 def checkpoint_log(checkpoint: Path, kind: str) -> dict[int, int]:
     """Batch id -> the source's seq in ``offsets/``; for ``commits/`` the ids only (seq 0). Empty before the first."""
     folder = checkpoint / kind
@@ -134,8 +146,7 @@ def test_parquet_sink_gets_exactly_the_stream_and_ack_floors_equal_the_checkpoin
     query.awaitTermination()
     progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
     assert len(progress) >= 4 and all(p["numInputRows"] <= 1500 for p in progress)
-    output = spark.read.parquet(str(tmp_path / "out")).select("subject", "data", "seq", "partition")
-    assert_df_equality(output, expected_rows(spark, stream), ignore_row_order=True, ignore_nullable=True)
+    assert_output_exact(spark, stream, tmp_path)
 
     offsets = checkpoint_log(tmp_path / "cp", "offsets")
     assert set(checkpoint_log(tmp_path / "cp", "commits")) == set(offsets)
@@ -215,17 +226,10 @@ def test_members_owning_several_partitions_read_exactly(members, spark, nats_ser
     """pcgroups groups often have fewer members than partitions: 1, 3 (3+3+2) and 8 members on 8."""
     stream = make_stream(5000, partitions=8)
     group = f"{stream.group}m{members}"
-    query = (
-        reader(spark, nats_server.url, stream, maxMessagesPerTrigger=1200, members=members, group=group)
-        .writeStream.format("parquet")
-        .option("path", str(tmp_path / "out"))
-        .option("checkpointLocation", str(tmp_path / "cp"))
-        .trigger(availableNow=True)
-        .start()
+    run_available_now(
+        reader(spark, nats_server.url, stream, maxMessagesPerTrigger=1200, members=members, group=group), tmp_path
     )
-    query.awaitTermination()
-    output = spark.read.parquet(str(tmp_path / "out")).select("subject", "data", "seq", "partition")
-    assert_df_equality(output, expected_rows(spark, stream), ignore_row_order=True, ignore_nullable=True)
+    assert_output_exact(spark, stream, tmp_path)
     floors = ack_floors(api, stream, group)
     assert len(floors) == members and set(floors.values()) == {stream.last_seq}
     filters = {len(api.consumer_info(stream.name, name)["config"]["filter_subjects"]) for name in floors}
@@ -243,18 +247,11 @@ def test_tasks_failing_once_are_retried_and_the_output_stays_exact(spark, nats_s
             raise RuntimeError("injected failure of a first task attempt")
         return seq
 
-    query = (
-        reader(spark, nats_server.url, stream, maxMessagesPerTrigger=800)
-        .withColumn("seq", fail_first_attempt("seq"))
-        .writeStream.format("parquet")
-        .option("path", str(tmp_path / "out"))
-        .option("checkpointLocation", str(tmp_path / "cp"))
-        .trigger(availableNow=True)
-        .start()
+    run_available_now(
+        reader(spark, nats_server.url, stream, maxMessagesPerTrigger=800).withColumn("seq", fail_first_attempt("seq")),
+        tmp_path,
     )
-    query.awaitTermination()
-    output = spark.read.parquet(str(tmp_path / "out")).select("subject", "data", "seq", "partition")
-    assert_df_equality(output, expected_rows(spark, stream), ignore_row_order=True, ignore_nullable=True)
+    assert_output_exact(spark, stream, tmp_path)
 
 
 def test_available_now_stops_at_the_sequence_seen_at_start(spark, nats_server, conn, api, make_stream, tmp_path):
