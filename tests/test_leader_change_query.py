@@ -1,8 +1,8 @@
 """A streaming query rides through leader faults on a real 3-node cluster while data comes in (issue 23).
 
 Per fault, on one shared cluster, a stream of its own (4 partitions, R3, file store) gets ~400 msg/s from a
-publisher thread that records every acked message (``embedded.Publisher``), and a streaming query reads it
-through a group (1 s trigger, ``maxMessagesPerTrigger`` 2000, parquet). The fault (``embedded.inject_fault``,
+publisher thread that records every acked message (``cluster_faults.Publisher``), and a streaming query reads it
+through a group (1 s trigger, ``maxMessagesPerTrigger`` 2000, parquet). The fault (``cluster_faults.inject_fault``,
 what ``bench/leader_change.py`` measures) is a signal to the server holding a leadership, restarted on its
 store a few seconds later. Checked: the query keeps running (active, no exception, one run id, no failed
 task: with ``local[2]`` a failed task fails the query); once the publishing has stopped and the query has
@@ -23,14 +23,8 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from spark_jetstream.embedded import (
-    EmbeddedCluster,
-    Publisher,
-    commits,
-    inject_fault,
-    longest_commit_gap,
-    wait_healthy,
-)
+from spark_jetstream.cluster_faults import Publisher, commits, inject_fault, longest_commit_gap, wait_healthy
+from spark_jetstream.embedded import EmbeddedCluster
 from spark_jetstream.errors import ApiError
 from spark_jetstream.groups import partitioned_stream_config
 from spark_jetstream.jsapi import JetStreamApi
