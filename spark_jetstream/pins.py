@@ -20,6 +20,7 @@ The query then fails at its next call into the source (``raise_error``), naming 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from typing import Any
@@ -57,8 +58,18 @@ class PinKeeper:
             self._task = asyncio.run_coroutine_threadsafe(self._run(), self.conn.loop)
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        """Stop keeping the pins and release them, so a client the group is handed to next need not wait
+        out ``priority_timeout``."""
+        if self._task is None:
+            return
+        self._task.cancel()
+        stream, pinned, self.pins = self.members.stream, list(self.pins), {}
+
+        async def release() -> None:
+            await asyncio.gather(*(self.api.unpin(stream, c, PRIORITY_GROUP) for c in pinned), return_exceptions=True)
+
+        with contextlib.suppress(Exception):  # stopping: a server that is gone lets the pins lapse
+            self.conn.run(release(), timeout=5)
 
     def raise_error(self) -> None:
         """Fail the query's current call when another client was found on a member consumer."""
@@ -76,6 +87,8 @@ class PinKeeper:
             except JetStreamError as exc:
                 self.error = exc
                 return
+            except Exception:  # a bug must not end the keeping silently: say so, and go on
+                log.exception("Keeping the member consumers' pins failed; trying again")
             await asyncio.sleep(KEEP_ALIVE)
 
     async def _round(self, unpin: bool) -> None:
