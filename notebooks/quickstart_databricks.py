@@ -74,12 +74,13 @@ print(f"Spark {spark.version}, NATS at {NATS_URL}")
 
 # COMMAND ----------
 
-from spark_jetstream.connection import ConnectionOptions, connect
+from spark_jetstream.connection import connect
 from spark_jetstream.group_admin import create_group
 from spark_jetstream.groups import GroupConfig, partitioned_stream_config
 from spark_jetstream.jsapi import JetStreamApi
+from spark_jetstream.options import parse_connection_options
 
-api = JetStreamApi(connect(ConnectionOptions.parse(NATS)))
+api = JetStreamApi(connect(parse_connection_options(NATS)))
 api.create_stream(partitioned_stream_config(STREAM, "shop.orders.*", PARTITIONS))
 group = create_group(api, STREAM, GROUP, GroupConfig(kind="static", max_members=PARTITIONS, members=("a", "b")))
 print("stored as:", api.stream_info(STREAM)["config"]["subject_transform"]["dest"])

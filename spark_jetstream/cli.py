@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
-from .connection import ConnectionOptions, connect
+from .connection import connect
 from .errors import JetStreamError, redact
 from .group_admin import change_members, create_group, delete_group, group_layout, load_group, status, step_down
 from .groups import (
@@ -21,7 +21,7 @@ from .groups import (
     PartitioningFilter,
 )
 from .jsapi import JetStreamApi
-from .options import CONNECTION_OPTIONS, Option
+from .options import CONNECTION_OPTIONS, Option, parse_connection_options
 
 
 def demo_command(args: argparse.Namespace) -> int:
@@ -64,7 +64,7 @@ def _members_arg(parser: argparse.ArgumentParser) -> None:
 
 def _api(args: argparse.Namespace) -> JetStreamApi:
     raw = {o.name: getattr(args, o.attr) for o in CONNECTION_OPTIONS if getattr(args, o.attr, None) is not None}
-    return JetStreamApi(connect(ConnectionOptions.parse(raw)))
+    return JetStreamApi(connect(parse_connection_options(raw)))
 
 
 def _mappings(texts: Sequence[str]) -> tuple[tuple[str, tuple[int, ...]], ...]:

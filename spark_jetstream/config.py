@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from .connection import ConnectionOptions
-from .options import STREAM, config_values, default_of, parse_options
+from .options import STREAM, config_values, connection_options, default_of, parse_options
 from .pull import PullSettings
 
 
@@ -39,7 +39,7 @@ class SourceConfig:
     def parse(cls, raw: Mapping[str, str]) -> SourceConfig:
         values = parse_options(raw, STREAM)
         return cls(
-            connection=ConnectionOptions.from_options(values),
+            connection=connection_options(values),
             pull=PullSettings.from_options(values),
             **config_values(cls, values),
         )

@@ -25,7 +25,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .connection import Connection, ConnectionOptions, close_all, connect
+from .connection import Connection, close_all, connect
 from .embedded import EmbeddedServer
 from .errors import JetStreamError, StreamNotFoundError
 from .group_admin import status
@@ -33,6 +33,7 @@ from .groups import partitioned_stream_config
 from .jsapi import JetStreamApi
 from .monitoring import BatchProgress, JetStreamLagListener
 from .offsets import committed_offset, planned_offset
+from .options import parse_connection_options
 from .publish import Message, publish_all
 
 GROUP = "demo"
@@ -157,7 +158,7 @@ def run(
             print(f"  nats-server at {server.url} (pid {server.pid}, store {server.dir})")
         stack.callback(close_all)
         nats = {"servers": servers, **({"creds": creds} if creds else {})}  # options of every connection
-        conn = connect(ConnectionOptions.parse(nats))
+        conn = connect(parse_connection_options(nats))
         api = JetStreamApi(conn)
         try:
             api.stream_info(stream)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .connection_options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SERVERS
 from .errors import OptionError
 from .option_parsers import (
     parse_ack_policy,
@@ -85,7 +86,7 @@ def _connection(name: str, parse: Callable[[str], Any], default: Any, doc: str, 
 
 
 OPTIONS: tuple[Option, ...] = (
-    _connection("servers", parse_servers, ("nats://127.0.0.1:4222",), "Comma-separated NATS server URLs."),
+    _connection("servers", parse_servers, DEFAULT_SERVERS, "Comma-separated NATS server URLs."),
     _connection("creds", parse_text, None, "Path of a NATS credentials file (JWT and nkey seed)."),
     _connection("nkey", parse_text, None, "Path of a file holding an nkey seed."),
     _connection("token", parse_text, None, "Authentication token.", secret=True),
@@ -98,7 +99,7 @@ OPTIONS: tuple[Option, ...] = (
     _connection(
         "connectTimeout",
         parse_duration,
-        5.0,
+        DEFAULT_CONNECT_TIMEOUT,
         "How long to try to reach a server before failing (e.g. `5s`).",
         minimum=0.1,
     ),

@@ -6,8 +6,9 @@ typed values for one mode, refusing unknown names (suggesting the closest valid 
 another mode (saying where they belong), malformed values (naming the option and the expected form)
 and inconsistent combinations. The config dataclasses (``SourceConfig``, ``BatchConfig``,
 ``SinkConfig``, ``PullSettings``, ``ConnectionOptions``) take their defaults and values from these
-definitions (``default_of``, ``config_values``), the command line builds its connection flags from
-them, and the README's option tables are generated from them, so code and docs cannot drift apart.
+definitions (``default_of``, ``config_values``, ``connection_options``; ``ConnectionOptions`` keeps its
+defaults itself and the definitions show them), the command line builds its connection flags from them,
+and the README's option tables are generated from them, so code and docs cannot drift apart.
 
 This module is what the rest of the package imports; the definitions are in ``option_definitions``,
 the rules in ``option_checks``, the tables in ``option_docs`` and the value parsers in ``option_parsers``.
@@ -19,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
+from .connection_options import ConnectionOptions
 from .option_checks import SPARK_WRITE_OPTIONS, parse_options
 from .option_definitions import ALL, BATCH, LOAD, OPTIONS, READ, STREAM, WRITE, Option, options_for
 from .option_docs import options_markdown
@@ -43,9 +45,11 @@ __all__ = [
     "WRITER_OPTIONS",
     "Option",
     "config_values",
+    "connection_options",
     "default_of",
     "options_for",
     "options_markdown",
+    "parse_connection_options",
     "parse_duration",
     "parse_options",
 ]
@@ -68,3 +72,14 @@ def config_values(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
     """The keyword arguments of config dataclass ``cls`` among parsed option ``values`` (by ``Option.attr``)."""
     by_attr = {_BY_NAME[name].attr: value for name, value in values.items() if name in _BY_NAME}
     return {f.name: by_attr[f.name] for f in fields(cls) if f.name in by_attr}
+
+
+def connection_options(values: Mapping[str, Any]) -> ConnectionOptions:
+    """The ``ConnectionOptions`` among parsed option ``values``: built here, because the client layer that
+    uses them never reads the option table."""
+    return ConnectionOptions(**config_values(ConnectionOptions, values))
+
+
+def parse_connection_options(raw: Mapping[str, str]) -> ConnectionOptions:
+    """``ConnectionOptions`` from user option strings that are only connection options (CLI, demo, notebooks)."""
+    return connection_options(parse_options(raw, CONNECTION_OPTIONS))

@@ -14,7 +14,7 @@ from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StringTy
 
 from .connection import ConnectionOptions
 from .errors import SchemaError
-from .options import WRITE, config_values, default_of, parse_options
+from .options import WRITE, config_values, connection_options, default_of, parse_options
 
 _COLUMNS = ("subject", "data", "headers", "msg_id")
 
@@ -35,7 +35,7 @@ class SinkConfig:
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> SinkConfig:
         values = parse_options(raw, WRITE)
-        return cls(connection=ConnectionOptions.from_options(values), **config_values(cls, values))
+        return cls(connection=connection_options(values), **config_values(cls, values))
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,6 @@ def test_too_old_server_is_refused_with_its_version(old_server_binary):
 )  # fmt: skip
 def test_errors_without_a_message_still_get_a_sentence_naming_the_option(error, says):
     """nats-py raises some errors with empty messages; no cause is ever explained by an empty sentence."""
-    from spark_jetstream.connection import _explain
+    from spark_jetstream.nats_client import explain_failure
 
-    assert _explain([error], ConnectionOptions(servers=("nats://alice:pw-9@h:4222",))) == says
+    assert explain_failure([error], ConnectionOptions(servers=("nats://alice:pw-9@h:4222",))) == says

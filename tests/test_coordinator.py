@@ -10,13 +10,14 @@ from datetime import UTC, datetime
 import pytest
 
 from spark_jetstream.config import SourceConfig
-from spark_jetstream.connection import ConnectionOptions, connect, disconnect
+from spark_jetstream.connection import connect, disconnect
 from spark_jetstream.coordinator import Coordinator
 from spark_jetstream.embedded import EmbeddedServer
 from spark_jetstream.errors import GroupConfigError
 from spark_jetstream.groups import partitioned_stream_config
 from spark_jetstream.jsapi import JetStreamApi
 from spark_jetstream.offsets import Watermark
+from spark_jetstream.options import parse_connection_options
 from spark_jetstream.planning import Limits
 from spark_jetstream.publish import publish_all
 
@@ -127,11 +128,11 @@ def test_a_user_without_the_owner_subject_is_refused_not_taken_for_a_free_group(
     user = {"user": "u", "password": "pw-42", "permissions": {denied: {"deny": ["_SPARK_JETSTREAM.>"]}}}
     with EmbeddedServer({"authorization": {"users": [user]}}, name="perm") as server:
         options = {"servers": server.url, "user": "u", "password": "pw-42"}
-        api = JetStreamApi(connect(ConnectionOptions.parse(options)))
+        api = JetStreamApi(connect(parse_connection_options(options)))
         api.create_stream(partitioned_stream_config("Perm", "perm.*", 2))
         try:
             refused = rf"may not {denied} to _SPARK_JETSTREAM\.owner\.Perm\.g \(a permissions violation\): allow it"
             with pytest.raises(GroupConfigError, match=refused):
                 Coordinator(SourceConfig.parse({**options, "stream": "Perm", "group": "g"}))
         finally:
-            disconnect(ConnectionOptions.parse(options))
+            disconnect(parse_connection_options(options))

@@ -24,11 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CLIENT_ATTRIBUTES = {
     # attribute set by Client.__init__: where the package uses it
-    "_ps": "connection._RawClient.__init__ swaps in protocol.FastParser (the lean MSG/HMSG parser)",
+    "_ps": "nats_client.RawClient.__init__ swaps in protocol.FastParser (the lean MSG/HMSG parser)",
     "_subs": "connection.Connection.unsubscribe_raw, ownership.GroupClaim.release (sid -> Subscription)",
-    "_server_info": "connection._check_version (the server's version from INFO)",
-    "_current_server": "connection._RawClient._connect_command, _tls_active (the URL being connected to)",
-    "_transport": "connection._RawClient._tls_active (is the connection TLS?)",
+    "_server_info": "nats_client._check_version (the server's version from INFO)",
+    "_current_server": "nats_client.RawClient._connect_command, _tls_active (the URL being connected to)",
+    "_transport": "nats_client.RawClient._tls_active (is the connection TLS?)",
     "_pending": "publish.Publisher.send (appends whole PUB/HPUB commands to the write buffer)",
     "_pending_data_size": "publish.Publisher.send (counts the bytes it appended)",
     "_flush_queue": "publish.Publisher.send (kicks the flusher when it is idle)",
@@ -36,11 +36,11 @@ CLIENT_ATTRIBUTES = {
 
 CLIENT_METHODS = {
     # method: (its parameters after self, where the package uses or overrides it)
-    "_process_info": (["info", "initial_connection"], "connection._RawClient overrides it (asks for TLS)"),
-    "_connect_command": ([], "connection._RawClient overrides it (no CONNECT over plain text when TLS was asked)"),
+    "_process_info": (["info", "initial_connection"], "nats_client.RawClient overrides it (asks for TLS)"),
+    "_connect_command": ([], "nats_client.RawClient overrides it (no CONNECT over plain text when TLS was asked)"),
     "_process_msg": (
         ["sid", "subject", "reply", "data", "headers"],
-        "connection._RawClient overrides it; protocol.FastParser calls it for other subscriptions",
+        "nats_client.RawClient overrides it; protocol.FastParser calls it for other subscriptions",
     ),
     "_flush_pending": (["force_flush"], "publish.Publisher.send calls it with no argument"),
 }
@@ -51,25 +51,25 @@ SOURCE_FACTS = [
         Client._process_connect_init,
         "self._server_info = srv_info",
         "the INFO dict _process_info gets is the one the TLS upgrade then reads",
-        "connection._RawClient._process_info",
+        "nats_client.RawClient._process_info",
     ),
     (
         Client._process_connect_init,
         "await self._process_info(srv_info, initial_connection=True)",
         "_process_info sees the first INFO before the TLS decision",
-        "connection._RawClient._process_info",
+        "nats_client.RawClient._process_info",
     ),
     (
         Client._process_connect_init,
         "connect_cmd = self._connect_command()",
         "CONNECT (the credentials) is built after the TLS upgrade, right before it is sent",
-        "connection._RawClient._connect_command",
+        "nats_client.RawClient._connect_command",
     ),
     (
         Client._read_loop,
         "await self._ps.parse(b)",
         "every read goes through self._ps, so the parser swapped in __init__ sees all data",
-        "connection._RawClient.__init__",
+        "nats_client.RawClient.__init__",
     ),
     (
         Client._send_command,
@@ -93,7 +93,7 @@ SOURCE_FACTS = [
         TcpTransport.connect_tls,
         "self._io_writer",
         "a TCP transport keeps its (TLS) stream writer in _io_writer",
-        "connection._RawClient._tls_active",
+        "nats_client.RawClient._tls_active",
     ),
 ]
 
@@ -140,11 +140,11 @@ def test_parser_internals():
 
 
 def test_the_raw_client_keeps_its_parser():
-    """connection._RawClient's parser is the lean one, and nats-py's own reset() keeps it (reconnects)."""
-    from spark_jetstream.connection import _RawClient
+    """nats_client.RawClient's parser is the lean one, and nats-py's own reset() keeps it (reconnects)."""
+    from spark_jetstream.nats_client import RawClient
     from spark_jetstream.protocol import FastParser
 
-    client = _RawClient()
+    client = RawClient()
     assert isinstance(client._ps, FastParser)
     client._ps.reset()
     assert isinstance(client._ps, FastParser) and client._ps.state == parser.AWAITING_CONTROL_LINE

@@ -8,7 +8,14 @@ import pytest
 
 from spark_jetstream.connection import ConnectionOptions
 from spark_jetstream.errors import OptionError
-from spark_jetstream.options import CONNECTION_OPTIONS, PULL_OPTIONS, READER_OPTIONS, parse_duration, parse_options
+from spark_jetstream.options import (
+    CONNECTION_OPTIONS,
+    PULL_OPTIONS,
+    READER_OPTIONS,
+    parse_connection_options,
+    parse_duration,
+    parse_options,
+)
 from spark_jetstream.pull import PullSettings
 
 
@@ -21,7 +28,7 @@ def test_durations(text, seconds):
 
 
 def test_connection_options_from_user_strings():
-    options = ConnectionOptions.parse(
+    options = parse_connection_options(
         {
             "SERVERS": "a.example:4223, nats://b.example",
             "connecttimeout": "750ms",
@@ -40,7 +47,7 @@ def test_connection_options_from_user_strings():
 
 def test_unknown_option_suggests_the_closest_name():
     with pytest.raises(OptionError, match=re.escape("Unknown option 'connectTimout'. Did you mean 'connectTimeout'?")):
-        ConnectionOptions.parse({"connectTimout": "5s"})
+        parse_connection_options({"connectTimout": "5s"})
 
 
 @pytest.mark.parametrize(
@@ -62,7 +69,7 @@ def test_unknown_option_suggests_the_closest_name():
 )
 def test_malformed_values_name_the_option(raw, message):
     with pytest.raises(OptionError, match=message):
-        ConnectionOptions.parse(raw)
+        parse_connection_options(raw)
 
 
 def test_secrets_never_show():
@@ -112,9 +119,9 @@ def test_every_option_refuses_or_accepts_hostile_values_cleanly(option, value):
 def test_a_password_in_a_server_url_is_never_shown():
     for servers in ("nats//alice:pw-URL-1@127.0.0.1:p", "nats://alice:pw-URL-1@h:port", "alice:pw-URL-1@h/x"):
         with pytest.raises(OptionError) as caught:
-            ConnectionOptions.parse({"servers": servers})
+            parse_connection_options({"servers": servers})
         assert "pw-URL-1" not in str(caught.value) and "alice:***@" in str(caught.value)
-    options = ConnectionOptions.parse({"servers": "nats://alice:pw-URL-1@h:4222,nats://tok-URL-2@h2"})
+    options = parse_connection_options({"servers": "nats://alice:pw-URL-1@h:4222,nats://tok-URL-2@h2"})
     assert repr(options).startswith("ConnectionOptions(servers=('nats://alice:***@h:4222', 'nats://***@h2:4222'), ")
     assert options.describe_auth() == "user/password in the servers URL, token in the servers URL"
 

@@ -13,10 +13,11 @@ from typing import cast
 import pyarrow as pa
 import pytest
 
-from spark_jetstream.connection import Connection, ConnectionOptions, _RawClient
+from spark_jetstream.connection import Connection, ConnectionOptions
 from spark_jetstream.errors import ConsumerNotFoundError, FencedError, ReaderError, StreamNotFoundError
 from spark_jetstream.groups import member_consumer_config, partition_filters
 from spark_jetstream.jsapi import JetStreamApi
+from spark_jetstream.nats_client import RawClient
 from spark_jetstream.options import ACK_POLICIES
 from spark_jetstream.protocol import wire
 from spark_jetstream.pull import MemberRange, PullSettings, _PinnedPull, read_member
@@ -205,7 +206,7 @@ def test_a_standby_client_gets_nothing_while_the_reader_holds_the_pin(conn, make
     assert all(h and h.startswith(b"NATS/1.0 408") for _, h in received), received
 
 
-class _RecordingClient(_RawClient):
+class _RecordingClient(RawClient):
     """The connector's nats-py client, fed bytes by hand; PING and PONG are only recorded."""
 
     def __init__(self) -> None:

@@ -17,6 +17,7 @@ from spark_jetstream.connection import ConnectionOptions, connect, disconnect
 from spark_jetstream.embedded import EmbeddedServer
 from spark_jetstream.errors import ConnectError
 from spark_jetstream.jsapi import JetStreamApi
+from spark_jetstream.options import parse_connection_options
 
 
 def _openssl(*args: str) -> None:
@@ -153,7 +154,7 @@ def test_tls_asked_for_is_never_downgraded(path, how, plain_token_server, pki, s
     started = time.monotonic()
     if path == "connect":
         with pytest.raises(ConnectError) as caught:
-            connect(ConnectionOptions.parse(options))
+            connect(parse_connection_options(options))
         shown = str(caught.value)
     else:
         shown = _fail(path, options, spark, tmp_path)
@@ -189,7 +190,7 @@ def test_every_path_works_over_tls(tls_server, pki, spark, active_session, tmp_p
     from spark_jetstream.publish import publish_all
 
     tls = {"servers": tls_server.url, "tls.ca": pki["ca.pem"]}
-    options = ConnectionOptions.parse(tls)
+    options = parse_connection_options(tls)
     api = JetStreamApi(connect(options))
     api.create_stream(partitioned_stream_config("Tls", "tls.*", 2))
     assert publish_all(api.conn, ((f"tls.k{i}", f"m{i}".encode(), None) for i in range(200))).count == 200
@@ -284,7 +285,7 @@ def test_secrets_never_reach_errors_logs_plans_progress_the_checkpoint_or_the_cl
 
         for name, (options, says) in cases.items():  # the connector's own exception
             with pytest.raises(JetStreamError) as caught:
-                connect(ConnectionOptions.parse({"servers": url, **options}))
+                connect(parse_connection_options({"servers": url, **options}))
             assert str(caught.value).startswith(says), name
             shown += [str(caught.value), repr(caught.value)]
 
