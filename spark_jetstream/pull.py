@@ -9,18 +9,16 @@ pipelined. Nothing is ever acked here: the ack floor moves only when Spark commi
 
 Messages arrive on the connection's loop thread, where a bulk handler parses runs of deliveries
 straight from the read buffer and only appends bytes to column lists; the caller's thread turns
-full buffers into Arrow record batches. Memory is
-bounded by the pull window: new pulls are sent only while fewer than two record batches wait.
+full buffers into Arrow record batches. Memory is bounded by the pull window (``pull_window``): new
+pulls are sent only while fewer than two record batches wait.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -28,18 +26,11 @@ import pyarrow as pa
 
 from .connection import Connection
 from .deliveries import Deliveries
-from .errors import (
-    ApiError,
-    ConnectError,
-    ConsumerNotFoundError,
-    FencedError,
-    JetStreamError,
-    ReaderError,
-    StreamNotFoundError,
-)
+from .errors import ApiError, ConnectError, FencedError, JetStreamError, ReaderError
 from .jsapi import PRIORITY_GROUP, PRIORITY_GROUP_UNKNOWN, JetStreamApi
 from .options import config_values, default_of
 from .protocol import STATUS_PREFIX, status_of
+from .pull_window import PullWindow
 from .rows import RowBuffer
 
 log = logging.getLogger(__name__)
@@ -96,78 +87,11 @@ def read_member(conn: Connection, member: MemberRange, settings: PullSettings) -
         conn.run(pull.close(), timeout=10)
 
 
-class _PullWindow:
-    """The pull requests in flight and the messages still to ask for: the read's pacing and memory bound.
-
-    One request until the pin id is known, then up to ``in_flight``; none while about two record
-    batches wait for the caller. ``budget`` is what matched at the last RESET, less what arrived.
-    """
-
-    def __init__(self, settings: PullSettings, group: str) -> None:
-        self.settings = settings
-        self.group = group
-        self.requests: deque[int] = deque()  # messages still owed by each outstanding pull, oldest first
-        self.budget = 0
-        self.oversize = False  # the next pull must fit a message larger than max_bytes
-
-    def restart(self, budget: int | None = None) -> None:
-        """Forget the pulls in flight (their replies no longer count), and take a new budget if given."""
-        self.requests.clear()
-        if budget is not None:
-            self.budget = budget
-
-    def next_requests(self, pin_id: str | None, buffered: tuple[int, int], max_payload: int) -> list[bytes]:
-        """The pull requests to send now, already counted as in flight."""
-        settings, requests = self.settings, self.requests
-        rows, nbytes = buffered
-        limit = 1 if pin_id is None else settings.in_flight
-        out = []
-        while (
-            len(requests) < limit
-            and rows < 2 * settings.record_batch_size
-            and nbytes < 2 * settings.record_batch_bytes
-            and (wanted := min(settings.batch, self.budget - sum(requests))) > 0
-        ):
-            request: dict[str, Any] = {
-                "batch": wanted,
-                "expires": int(settings.expires * _NS),
-                "idle_heartbeat": int(settings.idle_heartbeat * _NS),
-                "group": self.group,
-                # With max_bytes every pull ends with a status, and bytes in flight stay bounded; a
-                # message larger than that gets one pull sized by the server's max_payload.
-                "max_bytes": 2 * max_payload + 65536 if self.oversize else settings.max_bytes,
-            }
-            self.oversize = False
-            if pin_id is not None:
-                request["id"] = pin_id
-            requests.append(wanted)
-            out.append(json.dumps(request).encode())
-        return out
-
-    def delivered(self, count: int) -> None:
-        """``count`` messages arrived: they come off the budget and off the oldest pulls still owed any."""
-        self.budget -= count
-        requests = self.requests
-        for index, owed in enumerate(requests):  # a full pull stays listed until its status
-            if not count:
-                break
-            if owed > 0:
-                used = min(owed, count)
-                requests[index] = owed - used
-                count -= used
-
-    def ended(self, oversize: bool = False) -> None:
-        """The oldest pull ended (its status arrived); ``oversize``: the next message needs a pull of its own."""
-        if self.requests:
-            self.requests.popleft()
-        self.oversize = oversize
-
-
 class _PinnedPull:
     """One read: the pin, RESETs, the status replies and recovery from lost pulls and leader changes.
 
     Every method runs on the connection's loop thread; deliveries are parsed by ``Deliveries``
-    and pulls paced by ``_PullWindow``.
+    and pulls paced by ``pull_window.PullWindow``.
     """
 
     def __init__(self, conn: Connection, member: MemberRange, settings: PullSettings) -> None:
@@ -179,7 +103,7 @@ class _PinnedPull:
         self.inbox = ""
         self.sid: int | None = None
         self.wakeup = asyncio.Event()
-        self.window = _PullWindow(settings, member.priority_group)
+        self.window = PullWindow(settings, member.priority_group)
         self.deliveries = Deliveries(member, settings, self.wakeup, self.window.delivered)
         self.sending: set[asyncio.Task[None]] = set()  # pull requests being written (kept, or they may vanish)
         self.error: JetStreamError | None = None
@@ -350,7 +274,7 @@ class _PinnedPull:
 
     async def _check_progress(self) -> None:
         """A pull ended empty or the server went quiet: find out why, then finish, recover or fail."""
-        info = await self._retrying(lambda: self.api.consumer_info_async(self.member.stream, self.member.consumer))
+        info = await self._api(self.api.consumer_info_async(self.member.stream, self.member.consumer))
         delivered = info["delivered"]["stream_seq"]
         pinned = next(
             (
@@ -398,29 +322,17 @@ class _PinnedPull:
         await self._new_inbox()
         if unpin:
             self.deliveries.pin_id = None
-            await self._retrying(
-                lambda: self.api.unpin(self.member.stream, self.member.consumer, self.member.priority_group)
-            )
-        await self._retrying(lambda: self._reset(self.deliveries.last_seq + 1))
+            await self._api(self.api.unpin(self.member.stream, self.member.consumer, self.member.priority_group))
+        await self._api(self._reset(self.deliveries.last_seq + 1))
         self._pull()
 
-    async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
-        """Retry an API call through a leader election, within one deadline (the connection's API timeout).
-
-        Each request already waits out timeouts and missing responders within that time
-        (``Connection.request_async``); what is retried here is an API error reply (no leader yet)
-        or a request that gave up early. A missing stream or consumer is final.
+    async def _api(self, call: Awaitable[T]) -> T:
+        """An API call of the recovery. ``jsapi.call_async`` is the one retry layer: it already rides
+        through leader changes within the connection's API deadline, so what it gives up with
+        (``ClusterUnavailableError``, a lost connection) is final here and becomes a ``ReaderError``
+        naming the consumer. A missing stream or consumer, and any other API error, keep their own error.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.conn.api_timeout
-        delay = 0.1
-        while True:
-            try:
-                return await call()
-            except (StreamNotFoundError, ConsumerNotFoundError):
-                raise
-            except (ConnectError, ApiError) as exc:
-                if loop.time() + delay >= deadline:
-                    raise ReaderError(f"The {self.name} stayed unavailable: {exc}") from None
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+        try:
+            return await call
+        except ConnectError as exc:
+            raise ReaderError(f"The {self.name} stayed unavailable: {exc}") from None

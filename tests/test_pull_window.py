@@ -1,0 +1,58 @@
+"""The pull window's pacing, without a server: which pull requests go out, and when none may."""
+
+from __future__ import annotations
+
+import json
+
+from spark_jetstream.pull import PullSettings
+from spark_jetstream.pull_window import PullWindow
+
+SETTINGS = PullSettings(batch=100, in_flight=3, expires=2.0, idle_heartbeat=1.0, record_batch_size=1000, max_bytes=4096)
+NOTHING_BUFFERED = (0, 0)
+
+
+def _batches(requests: list[bytes]) -> list[int]:
+    return [json.loads(request)["batch"] for request in requests]
+
+
+def test_one_pull_until_the_pin_id_is_known_then_in_flight_pulls_within_the_budget():
+    window = PullWindow(SETTINGS, "g")
+    window.restart(budget=250)
+    first = window.next_requests(None, NOTHING_BUFFERED, max_payload=1 << 20)
+    assert _batches(first) == [100]
+    assert "id" not in json.loads(first[0])
+    pinned = window.next_requests("pin-1", NOTHING_BUFFERED, max_payload=1 << 20)
+    assert _batches(pinned) == [100, 50]  # three in flight at most, never more than the budget
+    assert all(json.loads(request)["id"] == "pin-1" for request in pinned)
+    assert window.next_requests("pin-1", NOTHING_BUFFERED, max_payload=1 << 20) == []
+
+
+def test_no_pull_while_two_record_batches_wait():
+    window = PullWindow(SETTINGS, "g")
+    window.restart(budget=1000)
+    assert window.next_requests("pin", (2 * SETTINGS.record_batch_size, 0), max_payload=1 << 20) == []
+    assert window.next_requests("pin", (0, 2 * SETTINGS.record_batch_bytes), max_payload=1 << 20) == []
+
+
+def test_deliveries_come_off_the_oldest_pulls_and_the_budget():
+    window = PullWindow(SETTINGS, "g")
+    window.restart(budget=300)
+    window.next_requests("pin", NOTHING_BUFFERED, max_payload=1 << 20)
+    window.delivered(130)
+    assert window.budget == 170
+    assert list(window.requests) == [0, 70, 100]  # a full pull stays listed until its status
+    window.ended()
+    assert list(window.requests) == [70, 100]
+    assert window.next_requests("pin", NOTHING_BUFFERED, max_payload=1 << 20) == []  # 170 already asked for
+
+
+def test_a_message_over_max_bytes_gets_one_pull_sized_by_max_payload():
+    window = PullWindow(SETTINGS, "g")
+    window.restart(budget=10)
+    window.next_requests("pin", NOTHING_BUFFERED, max_payload=1 << 20)
+    window.ended(oversize=True)
+    big, *_ = window.next_requests("pin", NOTHING_BUFFERED, max_payload=1 << 20)
+    assert json.loads(big)["max_bytes"] == 2 * (1 << 20) + 65536
+    window.ended()
+    normal, *_ = window.next_requests("pin", NOTHING_BUFFERED, max_payload=1 << 20)
+    assert json.loads(normal)["max_bytes"] == SETTINGS.max_bytes
