@@ -25,7 +25,7 @@ from .direct import SeqRange, first_seqs, read_range, split
 from .errors import OptionError, ReaderError
 from .groups import transform_partitions
 from .jsapi import JetStreamApi
-from .options import BATCH, config_values, default_of, parse_options
+from .options import BATCH, config_values, connection_options, default_of, parse_options
 from .resolve import check_data_loss, resolve_layout, seq_at, start_after
 from .source import RangePartition
 from .spark_compat import DataSourceReader, InputPartition
@@ -59,7 +59,7 @@ class BatchConfig:
         values = parse_options(raw, BATCH)
         if values["startingPosition"] == "group" and not values["group"]:
             raise OptionError("startingPosition=group needs the group option: whose ack floor would it start at?")
-        return cls(connection=ConnectionOptions.from_options(values), **config_values(cls, values))
+        return cls(connection=connection_options(values), **config_values(cls, values))
 
 
 class JetStreamBatchReader(DataSourceReader):

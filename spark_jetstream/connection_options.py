@@ -7,9 +7,7 @@ builds one from parsed option values.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
 from urllib.parse import urlsplit
 
 from .errors import redact
@@ -34,14 +32,6 @@ class ConnectionOptions:
     tls_key: str | None = None
     domain: str | None = None
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
-
-    @classmethod
-    def from_options(cls, values: Mapping[str, Any]) -> ConnectionOptions:
-        """Transitional: ``options.connection_options`` builds them now. ``batch.py`` still calls this; once it
-        calls that instead, delete this method and its entry in ``tests/test_code_quality.py``."""
-        from .options import connection_options  # the client layer's last import of the option table
-
-        return connection_options(values)
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
