@@ -48,7 +48,8 @@ class PinKeeper:
         self.api = members.api
         self.conn = members.api.conn
         self.pins: dict[str, str] = {}  # consumer -> the pin id this query holds
-        self.taking: set[str] = set()  # consumers whose pin is being taken with a delivery
+        # per consumer, takings of its pin (by a delivery) started plus ended: odd while one runs
+        self.takes: dict[str, int] = {}
         self.error: JetStreamError | None = None
         self._task: asyncio.Future[None] | None = None
 
@@ -104,10 +105,12 @@ class PinKeeper:
         """Raise when another client pulled from, pinned, changed or deleted a member consumer. Also run
         right before the floors move, as a RESET clears the evidence of deliveries."""
         layout = self.members.layout
+        before = dict(self.takes)
         infos = await asyncio.gather(*(self._info(layout.consumer(member)) for member in layout.member_names))
         for member, info in zip(layout.member_names, infos, strict=True):
             consumer = layout.consumer(member)
-            if consumer not in self.taking:  # its own taking delivery is not yet reset
+            takes = self.takes.get(consumer, 0)
+            if takes == before.get(consumer, 0) and takes % 2 == 0:  # no taking delivery in the info
                 self._check(consumer, info)
         if (changed := self.members.changed_error(dict(zip(layout.member_names, infos, strict=True)))) is not None:
             raise changed
@@ -128,7 +131,7 @@ class PinKeeper:
             if status in ("423", "409 Leadership Change", "409 Server Shutdown", "503"):
                 del self.pins[consumer]  # moved (found out by the check) or dropped by a new consumer leader
             return
-        self.taking.add(consumer)
+        self.takes[consumer] = self.takes.get(consumer, 0) + 1
         try:
             status, pin = await self._pull(consumer, {"batch": 1, "expires": int(_TAKE_WAIT * _NS)})
             if pin is None:
@@ -136,7 +139,7 @@ class PinKeeper:
             async with self.members.lock:  # not between a commit's RESETs, and to the floor it set
                 await self._undo_delivery(consumer)
         finally:
-            self.taking.discard(consumer)
+            self.takes[consumer] += 1
         self.pins[consumer] = pin
         log.info("Holding the pin of member consumer %s (%s)", consumer, status)
 
