@@ -48,7 +48,9 @@ only a bound on a test that would otherwise hang."""
 
 FAULTS = {
     "stream-leader-sigkill": ("stream leader", signal.SIGKILL),
+    "stream-leader-sigterm": ("stream leader", signal.SIGTERM),
     "consumer-leader-sigkill": ("consumer leader", signal.SIGKILL),
+    "consumer-leader-sigterm": ("consumer leader", signal.SIGTERM),
     "meta-leader-sigterm": ("meta leader", signal.SIGTERM),
     "meta-leader-sigkill": ("meta leader", signal.SIGKILL),
 }
