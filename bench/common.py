@@ -18,10 +18,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from spark_jetstream.connection import Connection
-from spark_jetstream.groups import partitioned_stream_config
-from spark_jetstream.jsapi import JetStreamApi
-from spark_jetstream.publish import Message, publish_all
+from spark_jetstream.client.connection import Connection
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.client.publish import Message, publish_all
+from spark_jetstream.groups.layout import partitioned_stream_config
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -143,11 +143,11 @@ def main() -> None:
         print(json.dumps(child(kind, servers, stream, group, int(messages))))
         return
 
-    from spark_jetstream.connection import ConnectionOptions, close_all, connect
-    from spark_jetstream.embedded import EmbeddedServer
-    from spark_jetstream.groups import partitioned_stream_config
-    from spark_jetstream.jsapi import JetStreamApi
-    from spark_jetstream.publish import publish_all
+    from spark_jetstream.client.connection import ConnectionOptions, close_all, connect
+    from spark_jetstream.client.jsapi import JetStreamApi
+    from spark_jetstream.client.publish import publish_all
+    from spark_jetstream.groups.layout import partitioned_stream_config
+    from spark_jetstream.tools.embedded import EmbeddedServer
 
     with EmbeddedServer(name="first-batch") as server:
         server.start()

@@ -36,12 +36,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_jetstream.cluster_faults import Publisher, commits, inject_fault, longest_commit_gap, wait_healthy
-from spark_jetstream.connection import ConnectionOptions, close_all, connect
-from spark_jetstream.demo import QUIET_LOG4J
-from spark_jetstream.embedded import EmbeddedCluster
-from spark_jetstream.groups import partitioned_stream_config
-from spark_jetstream.jsapi import JetStreamApi
+from spark_jetstream.client.connection import ConnectionOptions, close_all, connect
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.groups.layout import partitioned_stream_config
+from spark_jetstream.tools.cluster_faults import Publisher, commits, inject_fault, longest_commit_gap, wait_healthy
+from spark_jetstream.tools.demo import QUIET_LOG4J
+from spark_jetstream.tools.embedded import EmbeddedCluster
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -16,8 +16,8 @@ import time
 
 from common import STREAM, RawSocket
 
-from spark_jetstream.connection import Connection
-from spark_jetstream.jsapi import PRIORITY_GROUP, JetStreamApi
+from spark_jetstream.client.connection import Connection
+from spark_jetstream.client.jsapi import PRIORITY_GROUP, JetStreamApi
 
 BATCH = 1000
 EXPIRES_NS = 5_000_000_000

@@ -54,8 +54,8 @@ from common import WARMUP_STREAM, create_stream, publish, server_version, warmup
 from scenarios import first_batch, latency, memory, read, scaling, write
 from suite import READ_PARTITIONS, SIZE, WARMUP_MESSAGES, Suite, print_peaks, print_summary
 
-from spark_jetstream.connection import ConnectionOptions, close_all, connect
-from spark_jetstream.embedded import EmbeddedServer
+from spark_jetstream.client.connection import ConnectionOptions, close_all, connect
+from spark_jetstream.tools.embedded import EmbeddedServer
 
 NAIVE_DIR = Path(__file__).resolve().parent / "baseline"
 

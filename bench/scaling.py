@@ -66,9 +66,9 @@ from common import (
 )
 from raw_pull import PARALLEL, run_baseline_parallel, run_baseline_sequential
 
-from spark_jetstream.connection import ConnectionOptions, close_all, connect
-from spark_jetstream.embedded import EmbeddedServer
-from spark_jetstream.groups import balanced_mapping
+from spark_jetstream.client.connection import ConnectionOptions, close_all, connect
+from spark_jetstream.groups.layout import balanced_mapping
+from spark_jetstream.tools.embedded import EmbeddedServer
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

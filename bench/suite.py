@@ -27,9 +27,9 @@ from common import (
     status_kb,
 )
 
-from spark_jetstream.connection import Connection
-from spark_jetstream.demo import QUIET_LOG4J
-from spark_jetstream.jsapi import JetStreamApi
+from spark_jetstream.client.connection import Connection
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.tools.demo import QUIET_LOG4J
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -9,7 +9,7 @@ SparkSession, then stores ``--messages`` messages of ``--size`` bytes on 1,024 s
   checked. ``raw+ids`` does the same with a ``Nats-Msg-Id`` header per message (what exactly-once
   costs the server: it keeps every id of the duplicate window), shaped like the Spark writer's
   (``<32 hex digits>:<partition>:<row>``, see ``writer_ids``) so both store the same bytes.
-* ``publish_all``: ``spark_jetstream.publish.publish_all`` (nats-py connection, one process).
+* ``publish_all``: ``spark_jetstream.client.publish.publish_all`` (nats-py connection, one process).
 * ``spark``: ``spark.range(n)`` with a ``--size``-byte string ``data`` column written by
   ``df.write.format("jetstream")`` (2 tasks), msg ids on (the default); ``spark-noids`` with
   ``deduplicate=false``. Timed from ``save()`` to its return; an untimed write of a fifth of
@@ -40,10 +40,10 @@ from dataclasses import dataclass
 
 from common import SUBJECTS, RawSocket, server_version
 
-from spark_jetstream.connection import Connection, ConnectionOptions, close_all, connect
-from spark_jetstream.embedded import EmbeddedServer
-from spark_jetstream.jsapi import JetStreamApi
-from spark_jetstream.publish import publish_all
+from spark_jetstream.client.connection import Connection, ConnectionOptions, close_all, connect
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.client.publish import publish_all
+from spark_jetstream.tools.embedded import EmbeddedServer
 
 STREAM = "WBENCH"
 TARGET_RATIO = 0.7

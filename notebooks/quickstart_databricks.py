@@ -74,10 +74,10 @@ print(f"Spark {spark.version}, NATS at {NATS_URL}")
 
 # COMMAND ----------
 
-from spark_jetstream.connection import connect
-from spark_jetstream.group_admin import create_group
-from spark_jetstream.groups import GroupConfig, partitioned_stream_config
-from spark_jetstream.jsapi import JetStreamApi
+from spark_jetstream.client.connection import connect
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.groups.admin import create_group
+from spark_jetstream.groups.layout import GroupConfig, partitioned_stream_config
 from spark_jetstream.options import parse_connection_options
 
 api = JetStreamApi(connect(parse_connection_options(NATS)))
@@ -92,7 +92,7 @@ print("member -> partitions:", group.mapping())
 # MAGIC Publish 2,000 order events (JSON) with the batch writer: one message per row, from the `subject` and
 # MAGIC `data` columns. The `msg_id` column becomes the `Nats-Msg-Id` header, so running this cell again within the
 # MAGIC stream's duplicate window (2 minutes by default) stores nothing twice. From plain Python,
-# MAGIC `spark_jetstream.publish.publish_all` publishes too.
+# MAGIC `spark_jetstream.client.publish.publish_all` publishes too.
 
 # COMMAND ----------
 
@@ -241,7 +241,7 @@ print("                  to", source.endOffset)
 
 # COMMAND ----------
 
-from spark_jetstream.group_admin import status
+from spark_jetstream.groups.admin import status
 
 checkpoint_seq = json.loads(source.endOffset)["seq"]
 members = status(api, STREAM, GROUP)
@@ -324,8 +324,8 @@ print(f"after publishing them again, {OUT_STREAM} holds {api.stream_info(OUT_STR
 
 # COMMAND ----------
 
-from spark_jetstream.connection import close_all
-from spark_jetstream.group_admin import delete_group
+from spark_jetstream.client.connection import close_all
+from spark_jetstream.groups.admin import delete_group
 
 for active in spark.streams.active:
     active.stop()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .errors import (
+from spark_jetstream.errors import (
     ApiError,
     ClusterUnavailableError,
     ConnectError,
@@ -27,7 +27,7 @@ __version__ = "0.1.0"
 
 def register(spark: SparkSession) -> None:
     """Register ``format("jetstream")`` explicitly (``pip install`` already does it on Spark start)."""
-    from .source import JetStreamDataSource
+    from spark_jetstream.source import JetStreamDataSource
 
     spark.dataSource.register(JetStreamDataSource)
 

@@ -1,7 +1,7 @@
 """The Spark-facing layer: the ``jetstream`` data source and its stream reader. Thin: it
 converts Spark's offsets and read limits and delegates to the coordinator (driver) and, in
-executors, to Direct Get reads (``direct.py``; the pinned pull reader ``pull.py`` on streams
-without Direct Get); batch reads live in ``batch.py``, writes in ``sink.py``.
+executors, to Direct Get reads (``read.direct``; the pinned pull reader ``stream.pull`` on streams
+without Direct Get); batch reads live in ``read.batch``, writes in ``sink.writer``.
 
 >>> spark.readStream.format("jetstream").option("servers", "nats://localhost:4222") \\
 ...     .option("stream", "orders").option("group", "spark").load()
@@ -14,38 +14,22 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from .config import SourceConfig
-from .connection import connect
-from .coordinator import Coordinator
-from .direct import SeqRange, read_range
-from .offsets import Watermark
-from .options import LOAD, parse_options
-from .planning import Limits
-from .pull import MemberRange, read_member
-from .rows import spark_schema_ddl
-from .spark_compat import STREAM_READER_BASES, DataSource, InputPartition, read_limit
+from spark_jetstream.client.connection import connect
+from spark_jetstream.options import LOAD, parse_options
+from spark_jetstream.read.direct import RangePartition, SeqRange, read_range
+from spark_jetstream.read.rows import spark_schema_ddl
+from spark_jetstream.spark_compat import STREAM_READER_BASES, DataSource, InputPartition, read_limit
+from spark_jetstream.stream.config import SourceConfig
+from spark_jetstream.stream.coordinator import Coordinator
+from spark_jetstream.stream.offsets import Watermark
+from spark_jetstream.stream.planning import Limits
+from spark_jetstream.stream.pull import MemberPartition, read_member
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
-    from .batch import JetStreamBatchReader
-    from .sink import JetStreamBatchWriter, JetStreamStreamWriter
-
-
-class RangePartition(InputPartition):
-    """One Spark input partition read with Direct Get: one filter subject's seq range."""
-
-    def __init__(self, seq_range: SeqRange) -> None:
-        super().__init__(seq_range)
-        self.range = seq_range
-
-
-class MemberPartition(InputPartition):
-    """One Spark input partition pulled from a member consumer (a stream without Direct Get)."""
-
-    def __init__(self, member: MemberRange) -> None:
-        super().__init__(member)
-        self.member = member
+    from spark_jetstream.read.batch import JetStreamBatchReader
+    from spark_jetstream.sink.writer import JetStreamBatchWriter, JetStreamStreamWriter
 
 
 class JetStreamDataSource(DataSource):
@@ -70,17 +54,17 @@ class JetStreamDataSource(DataSource):
         return JetStreamStreamReader(SourceConfig.parse(self.options))
 
     def reader(self, schema: StructType) -> JetStreamBatchReader:
-        from .batch import BatchConfig, JetStreamBatchReader
+        from spark_jetstream.read.batch import BatchConfig, JetStreamBatchReader
 
         return JetStreamBatchReader(BatchConfig.parse(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> JetStreamBatchWriter:
-        from .sink import batch_writer
+        from spark_jetstream.sink.writer import batch_writer
 
         return batch_writer(self.options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> JetStreamStreamWriter:
-        from .sink import stream_writer
+        from spark_jetstream.sink.writer import stream_writer
 
         return stream_writer(self.options, schema)
 

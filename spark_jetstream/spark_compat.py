@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .errors import SparkVersionError
+from spark_jetstream.errors import SparkVersionError
 
 MINIMUM = (4, 0)
 SPARK_EXTRA = "pip install 'spark-jetstream[spark]'"

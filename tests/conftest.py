@@ -15,16 +15,16 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from spark_jetstream.connection import Connection, ConnectionOptions, close_all, connect, disconnect
-from spark_jetstream.embedded import EmbeddedCluster, EmbeddedServer
-from spark_jetstream.groups import (
+from spark_jetstream.client.connection import Connection, ConnectionOptions, close_all, connect, disconnect
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.client.publish import publish_all
+from spark_jetstream.groups.layout import (
     member_consumer_config,
     member_consumer_name,
     partition_filters,
     partitioned_stream_config,
 )
-from spark_jetstream.jsapi import JetStreamApi
-from spark_jetstream.publish import publish_all
+from spark_jetstream.tools.embedded import EmbeddedCluster, EmbeddedServer
 
 _started_pids: list[int] = []
 

@@ -9,7 +9,7 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 
-from spark_jetstream.publish import publish_all
+from spark_jetstream.client.publish import publish_all
 
 pytestmark = pytest.mark.slow
 

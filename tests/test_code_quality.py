@@ -12,20 +12,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "spark_jetstream"
 
-CLIENT_LAYER = ("connection", "protocol", "jsapi", "errors", "publish")
-"""The client layer: NATS and JetStream I/O, usable (and tested) without Spark or the option table."""
+LAYERS = ("errors", "client", "options", "groups", "spark_compat", "read", "stream", "sink", "source", "tools")
+"""The package's parts from the bottom up: each imports only its own layer and the ones before it. ``client`` is
+the NATS and JetStream I/O, usable (and tested) without Spark or the option table; ``tools`` (CLI, demo, embedded
+servers) sit on top, and nothing imports them."""
 
-NOT_IN_CLIENT_LAYER = ("pyspark", "spark_compat", "options", "config")
-"""What the client layer never imports, directly or through another module of the package (``options`` stands
-for its parts too: ``option_definitions``, ``option_checks``, ...)."""
-
-
-def _forbidden(name: str) -> bool:
-    return name in NOT_IN_CLIENT_LAYER or name.startswith("option_")
-
-
-KNOWN_VIOLATIONS: set[tuple[str, str]] = set()
-"""Imports that break the rule and are still to be moved: none left (issue 18 moved the last one)."""
+WITHOUT_SPARK = ("errors", "client", "options", "groups")
+"""Layers that never import PySpark (nor ``spark_compat``): through the layering, nothing they import does either."""
 
 
 @pytest.mark.slow  # runs ruff over the tree: a check of the code, not of a rule
@@ -38,55 +31,62 @@ def test_ruff_lint_and_format():
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr
 
 
-def _imports(module: str) -> set[str]:
-    """What ``spark_jetstream.<module>`` imports anywhere in its body (lazy imports too): the package's own
-    modules by their short name, anything else by its top-level name."""
+def _layer(module: str) -> str:
+    """``spark_jetstream.read.direct`` -> ``read``; the package's ``__init__`` counts as ``source``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "source"
+
+
+def _imports(path: Path) -> set[str]:
+    """What a module imports anywhere in its body (lazy and type-checking imports too): the package's own modules
+    by their dotted name, anything else by its top-level name."""
     found = set()
-    for node in ast.walk(ast.parse((PACKAGE / f"{module}.py").read_text())):
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
-            if node.level == 0:
-                names = [node.module or ""]
-            elif node.module:  # from .x import y
-                names = [f"spark_jetstream.{node.module}"]
-            else:  # from . import x
-                names = [f"spark_jetstream.{alias.name}" for alias in node.names]
-        else:
-            continue
-        for name in names:
-            parts = name.split(".")
-            found.add(parts[1] if parts[0] == "spark_jetstream" and len(parts) > 1 else parts[0])
-    return found
+            assert node.level == 0, f"{path}: the package imports itself by absolute names"
+            found.add(node.module or "")
+    return {name if name.startswith("spark_jetstream") else name.split(".")[0] for name in found}
 
 
-def _reachable(module: str) -> dict[str, str]:
-    """Every module ``module`` imports directly or through the package's modules -> the first one that does
-    (not looking past a forbidden one: the violation is importing it)."""
-    seen: dict[str, str] = {}
-    todo = [module]
-    while todo:
-        current = todo.pop()
-        for name in _imports(current):
-            if name not in seen:
-                seen[name] = current
-                if (PACKAGE / f"{name}.py").exists() and not _forbidden(name):
-                    todo.append(name)
-    return seen
+def _modules() -> dict[str, Path]:
+    return {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
+        for path in PACKAGE.rglob("*.py")
+    }
 
 
-def test_the_client_layer_never_imports_spark_or_the_options():
-    violations = set()
-    for module in CLIENT_LAYER:
-        reached = _reachable(module)
-        violations |= {(importer, name) for name, importer in reached.items() if _forbidden(name)}
-    assert violations == KNOWN_VIOLATIONS, (
-        f"client-layer imports (importer, imported): {sorted(violations)}, known: {sorted(KNOWN_VIOLATIONS)}"
-    )
+def test_every_module_belongs_to_a_layer():
+    assert {_layer(module) for module in _modules()} <= set(LAYERS)
+
+
+def test_layers_import_downward_only():
+    upward = set()
+    for module, path in _modules().items():
+        rank = LAYERS.index(_layer(module))
+        for name in _imports(path):
+            if name.startswith("spark_jetstream.") and LAYERS.index(_layer(name)) > rank:
+                upward.add((module, name))
+    assert not upward, f"imports of a later layer (importer, imported): {sorted(upward)}"
+
+
+def test_the_lower_layers_never_import_spark():
+    spark = {
+        (module, name)
+        for module, path in _modules().items()
+        if _layer(module) in WITHOUT_SPARK
+        for name in _imports(path)
+        if name == "pyspark" or name == "spark_jetstream.spark_compat"
+    }
+    assert not spark, f"Spark imports below the read layer: {sorted(spark)}"
 
 
 @pytest.mark.slow  # starts a Python process
 def test_importing_the_connection_loads_no_spark():
-    probe = "import sys, spark_jetstream.connection; print(sorted(m for m in sys.modules if m.startswith('pyspark')))"
+    probe = (
+        "import sys, spark_jetstream.client.connection, spark_jetstream.groups.admin\n"
+        "print(sorted(m for m in sys.modules if m.startswith('pyspark')))"
+    )
     result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", result.stdout

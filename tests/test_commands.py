@@ -32,9 +32,9 @@ def test_commands_carry_exactly_the_headers_asked_for(deduplicate, expected, col
     header lines (generated ids, given ids, a row's own Nats-Msg-Id header, the expected stream)."""
     import pyarrow as pa
 
-    from spark_jetstream.connection import ConnectionOptions
-    from spark_jetstream.sink_commands import Commands, value_range
-    from spark_jetstream.sink_config import Columns, SinkConfig
+    from spark_jetstream.client.connection import ConnectionOptions
+    from spark_jetstream.sink.commands import Commands, value_range
+    from spark_jetstream.sink.config import Columns, SinkConfig
 
     names = columns.split(",")
     values = {

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from spark_jetstream.connection import Connection, ConnectionOptions, connect
-from spark_jetstream.embedded import EmbeddedServer, free_port
+from spark_jetstream.client.connection import Connection, ConnectionOptions, connect
+from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import ConnectError, ServerTooOldError
-from spark_jetstream.jsapi import JetStreamApi
+from spark_jetstream.tools.embedded import EmbeddedServer, free_port
 
 OLD_SERVER_VERSION = "2.12.8"
 
@@ -206,6 +206,6 @@ def test_too_old_server_is_refused_with_its_version(old_server_binary):
 )  # fmt: skip
 def test_errors_without_a_message_still_get_a_sentence_naming_the_option(error, says):
     """nats-py raises some errors with empty messages; no cause is ever explained by an empty sentence."""
-    from spark_jetstream.nats_client import explain_failure
+    from spark_jetstream.client.nats_client import explain_failure
 
     assert explain_failure([error], ConnectionOptions(servers=("nats://alice:pw-9@h:4222",))) == says

@@ -9,17 +9,17 @@ from datetime import UTC, datetime
 
 import pytest
 
-from spark_jetstream.config import SourceConfig
-from spark_jetstream.connection import connect, disconnect
-from spark_jetstream.coordinator import Coordinator
-from spark_jetstream.embedded import EmbeddedServer
+from spark_jetstream.client.connection import connect, disconnect
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.client.publish import publish_all
 from spark_jetstream.errors import GroupConfigError
-from spark_jetstream.groups import partitioned_stream_config
-from spark_jetstream.jsapi import JetStreamApi
-from spark_jetstream.offsets import Watermark
+from spark_jetstream.groups.layout import partitioned_stream_config
 from spark_jetstream.options import parse_connection_options
-from spark_jetstream.planning import Limits
-from spark_jetstream.publish import publish_all
+from spark_jetstream.stream.config import SourceConfig
+from spark_jetstream.stream.coordinator import Coordinator
+from spark_jetstream.stream.offsets import Watermark
+from spark_jetstream.stream.planning import Limits
+from spark_jetstream.tools.embedded import EmbeddedServer
 
 
 @pytest.fixture

@@ -23,3 +23,14 @@ def test_readme_starts_with_the_two_setup_commands():
     assert commands == ["pip install '.[demo]' && spark-jetstream demo", "pip install '.[test]' && python -m pytest"]
     ci = (README.parent / ".ci" / "run").read_text()
     assert commands[1] in ci
+
+
+def test_readme_layout_names_every_module():
+    """Every module of the package has its row in the README's Layout table (paths relative to the package
+    from the subpackages on), and every row names a module that exists."""
+    package = README.parent / "spark_jetstream"
+    layout = README.read_text().split("## Layout\n", 1)[1].split("\n## ", 1)[0]
+    rows = set(re.findall(r"^\| \*{0,2}`([a-z_/.]+\.py)`", layout, re.M))
+    listed = {row.removeprefix("spark_jetstream/") for row in rows if not row.startswith("bench/")}
+    modules = {str(p.relative_to(package)) for p in package.rglob("*.py") if p.name != "__init__.py"}
+    assert listed == modules

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from test_source import checkpoint_log, slow_parquet_query
 
-from spark_jetstream.connection import ConnectionOptions, connect, disconnect
-from spark_jetstream.embedded import EmbeddedServer
-from spark_jetstream.groups import partitioned_stream_config
-from spark_jetstream.jsapi import JetStreamApi
-from spark_jetstream.publish import publish_all
+from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.client.publish import publish_all
+from spark_jetstream.groups.layout import partitioned_stream_config
+from spark_jetstream.tools.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.slow
 

@@ -8,10 +8,10 @@ import subprocess
 import pytest
 from pyspark.sql import DataFrame
 
+from spark_jetstream.client.publish import publish_all
 from spark_jetstream.errors import GroupConfigError
-from spark_jetstream.group_admin import change_members, create_group, delete_group, load_group, status
-from spark_jetstream.groups import GroupConfig, PartitioningFilter, layout_from_config, work_stream_name
-from spark_jetstream.publish import publish_all
+from spark_jetstream.groups.admin import change_members, create_group, delete_group, load_group, status
+from spark_jetstream.groups.layout import GroupConfig, PartitioningFilter, layout_from_config, work_stream_name
 
 
 def test_pcgroups_json_round_trips_and_validation_names_the_problem():

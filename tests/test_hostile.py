@@ -8,11 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from spark_jetstream.connection import ConnectionOptions, connect, disconnect
-from spark_jetstream.embedded import EmbeddedServer
-from spark_jetstream.groups import member_consumer_config, partition_filters, partitioned_stream_config
-from spark_jetstream.jsapi import JetStreamApi
-from spark_jetstream.pull import MemberRange, PullSettings, read_member
+from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.groups.layout import member_consumer_config, partition_filters, partitioned_stream_config
+from spark_jetstream.stream.pull import MemberRange, PullSettings, read_member
+from spark_jetstream.tools.embedded import EmbeddedServer
 
 BIG = 8 * 1024 * 1024
 

@@ -23,11 +23,11 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from spark_jetstream.cluster_faults import Publisher, commits, inject_fault, longest_commit_gap, wait_healthy
-from spark_jetstream.embedded import EmbeddedCluster
+from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import ApiError
-from spark_jetstream.groups import partitioned_stream_config
-from spark_jetstream.jsapi import JetStreamApi
+from spark_jetstream.groups.layout import partitioned_stream_config
+from spark_jetstream.tools.cluster_faults import Publisher, commits, inject_fault, longest_commit_gap, wait_healthy
+from spark_jetstream.tools.embedded import EmbeddedCluster
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,8 @@ import time
 
 from test_source import ack_floors, reader
 
-from spark_jetstream.monitoring import JetStreamLagListener
-from spark_jetstream.offsets import committed_offset
+from spark_jetstream.stream.offsets import committed_offset
+from spark_jetstream.tools.monitoring import JetStreamLagListener
 
 
 def test_lag_per_batch_counts_down_to_zero_and_the_checkpoint_matches_the_floors(

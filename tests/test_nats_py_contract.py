@@ -141,8 +141,8 @@ def test_parser_internals():
 
 def test_the_raw_client_keeps_its_parser():
     """nats_client.RawClient's parser is the lean one, and nats-py's own reset() keeps it (reconnects)."""
-    from spark_jetstream.nats_client import RawClient
-    from spark_jetstream.protocol import FastParser
+    from spark_jetstream.client.nats_client import RawClient
+    from spark_jetstream.client.protocol import FastParser
 
     client = RawClient()
     assert isinstance(client._ps, FastParser)

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from spark_jetstream.connection import ConnectionOptions
+from spark_jetstream.client.connection import ConnectionOptions
 from spark_jetstream.errors import OptionError
 from spark_jetstream.options import (
     CONNECTION_OPTIONS,
@@ -16,7 +16,7 @@ from spark_jetstream.options import (
     parse_duration,
     parse_options,
 )
-from spark_jetstream.pull import PullSettings
+from spark_jetstream.stream.pull import PullSettings
 
 
 @pytest.mark.parametrize(

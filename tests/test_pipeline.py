@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from spark_jetstream.errors import OptionError
-from spark_jetstream.pipeline import load_config
+from spark_jetstream.tools.pipeline import load_config
 
 
 def test_pipeline_file_problems_are_named(tmp_path):
@@ -54,7 +54,7 @@ availableNow = true
 """
     )
     script = subprocess.run(
-        [sys.executable, "-m", "spark_jetstream.pipeline", "--path"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "spark_jetstream.tools.pipeline", "--path"], capture_output=True, text=True, check=True
     ).stdout.strip()
     done = subprocess.run(
         [shutil.which("spark-submit") or "spark-submit", "--master", "local[2]", script, str(config)],

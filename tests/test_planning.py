@@ -7,9 +7,9 @@ import json
 import pytest
 
 from spark_jetstream.errors import OptionError
-from spark_jetstream.groups import balanced_mapping
-from spark_jetstream.offsets import Watermark
-from spark_jetstream.planning import Limits, batch_end
+from spark_jetstream.groups.layout import balanced_mapping
+from spark_jetstream.stream.offsets import Watermark
+from spark_jetstream.stream.planning import Limits, batch_end
 
 
 def test_no_limit_reads_everything_and_nothing_new_means_no_batch():

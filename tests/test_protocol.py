@@ -8,8 +8,8 @@ import pytest
 from nats.errors import ProtocolError
 from nats.protocol.parser import Parser
 
-from spark_jetstream.protocol import FastParser, run_pattern, wire
-from spark_jetstream.publish import _STORED
+from spark_jetstream.client.protocol import FastParser, run_pattern, wire
+from spark_jetstream.client.publish import _STORED
 
 RAW_SID, PLAIN_SID, ACK_SID = 7, 9, 11
 

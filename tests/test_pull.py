@@ -13,14 +13,14 @@ from typing import cast
 import pyarrow as pa
 import pytest
 
-from spark_jetstream.connection import Connection, ConnectionOptions
+from spark_jetstream.client.connection import Connection, ConnectionOptions
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.client.nats_client import RawClient
+from spark_jetstream.client.protocol import wire
 from spark_jetstream.errors import ConsumerNotFoundError, FencedError, ReaderError, StreamNotFoundError
-from spark_jetstream.groups import member_consumer_config, partition_filters
-from spark_jetstream.jsapi import JetStreamApi
-from spark_jetstream.nats_client import RawClient
+from spark_jetstream.groups.layout import member_consumer_config, partition_filters
 from spark_jetstream.options import ACK_POLICIES
-from spark_jetstream.protocol import wire
-from spark_jetstream.pull import MemberRange, PullSettings, _PinnedPull, read_member
+from spark_jetstream.stream.pull import MemberRange, PullSettings, _PinnedPull, read_member
 
 SMALL = PullSettings(batch=50, in_flight=3, expires=2.0, idle_heartbeat=0.5, record_batch_size=70)
 
@@ -180,7 +180,7 @@ def test_misconfigured_consumers_are_refused(conn, api: JetStreamApi, make_strea
 
 
 def test_a_standby_client_gets_nothing_while_the_reader_holds_the_pin(conn, make_stream, nats_server):
-    from spark_jetstream.connection import ConnectionOptions, connect
+    from spark_jetstream.client.connection import ConnectionOptions, connect
 
     stream = make_stream(3000, partitions=1)
     consumer = stream.consumer(0)

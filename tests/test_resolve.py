@@ -1,5 +1,5 @@
 """Streaming reads, batch reads and the command line resolve a group, a start and a loss alike
-(``resolve.py``), against a real server, without Spark."""
+(``groups.resolve``, ``read.start``), against a real server, without Spark."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from spark_jetstream.batch import BatchConfig, plan
-from spark_jetstream.config import SourceConfig
-from spark_jetstream.coordinator import Coordinator
 from spark_jetstream.errors import DataLossError, GroupConfigError
-from spark_jetstream.group_admin import group_layout, status
-from spark_jetstream.groups import member_consumer_config
+from spark_jetstream.groups.admin import group_layout, status
+from spark_jetstream.groups.layout import member_consumer_config
+from spark_jetstream.read.batch import BatchConfig, plan
+from spark_jetstream.stream.config import SourceConfig
+from spark_jetstream.stream.coordinator import Coordinator
 
 pytestmark = pytest.mark.slow
 

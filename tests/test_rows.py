@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from spark_jetstream.rows import RowBuffer, arrow_schema, parse_headers, spark_schema_ddl
+from spark_jetstream.read.rows import RowBuffer, arrow_schema, parse_headers, spark_schema_ddl
 
 
 def test_schema_matches_spark_ddl():

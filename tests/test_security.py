@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from test_source import error_text
 
-from spark_jetstream.connection import ConnectionOptions, connect, disconnect
-from spark_jetstream.embedded import EmbeddedServer
+from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
+from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import ConnectError
-from spark_jetstream.jsapi import JetStreamApi
 from spark_jetstream.options import parse_connection_options
+from spark_jetstream.tools.embedded import EmbeddedServer
 
 
 def _openssl(*args: str) -> None:
@@ -186,8 +186,8 @@ def test_a_server_that_offers_tls_without_requiring_it_is_asked_for_it(pki):
 
 @pytest.mark.slow
 def test_every_path_works_over_tls(tls_server, pki, spark, active_session, tmp_path):
-    from spark_jetstream.groups import partitioned_stream_config
-    from spark_jetstream.publish import publish_all
+    from spark_jetstream.client.publish import publish_all
+    from spark_jetstream.groups.layout import partitioned_stream_config
 
     tls = {"servers": tls_server.url, "tls.ca": pki["ca.pem"]}
     options = parse_connection_options(tls)
@@ -230,10 +230,10 @@ def test_secrets_never_reach_errors_logs_plans_progress_the_checkpoint_or_the_cl
 
     import nkeys
 
-    from spark_jetstream.embedded import free_port
+    from spark_jetstream.client.publish import publish_all
     from spark_jetstream.errors import JetStreamError
-    from spark_jetstream.groups import partitioned_stream_config
-    from spark_jetstream.publish import publish_all
+    from spark_jetstream.groups.layout import partitioned_stream_config
+    from spark_jetstream.tools.embedded import free_port
 
     keys = tmp_path / "keys"
     keys.mkdir()
@@ -445,8 +445,8 @@ def operator_mode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator
 
 @pytest.mark.slow
 def test_creds_authentication_reads_through_spark(operator_mode, spark):
-    from spark_jetstream.groups import member_consumer_config, partition_filters, partitioned_stream_config
-    from spark_jetstream.publish import publish_all
+    from spark_jetstream.client.publish import publish_all
+    from spark_jetstream.groups.layout import member_consumer_config, partition_filters, partitioned_stream_config
 
     url, creds = operator_mode.server.url, str(operator_mode.creds)
     options = ConnectionOptions(servers=(url,), creds=creds)
@@ -551,8 +551,8 @@ def test_a_reader_of_the_stream_cannot_pull_from_the_spark_groups_member_consume
 
     import nats
 
-    from spark_jetstream.groups import partitioned_stream_config
-    from spark_jetstream.publish import publish_all
+    from spark_jetstream.client.publish import publish_all
+    from spark_jetstream.groups.layout import partitioned_stream_config
 
     users = {
         "users": [

@@ -18,10 +18,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType
 from test_source import checkpoint_log, mid_batch, run_then_kill
 
-from spark_jetstream.jsapi import NO_MESSAGE_FOUND, JetStreamApi
-from spark_jetstream.publish import publish_all
-from spark_jetstream.rows import parse_headers
-from spark_jetstream.sink_markers import read_marker
+from spark_jetstream.client.jsapi import NO_MESSAGE_FOUND, JetStreamApi
+from spark_jetstream.client.publish import publish_all
+from spark_jetstream.read.rows import parse_headers
+from spark_jetstream.sink.markers import read_marker
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("active_session")]
 

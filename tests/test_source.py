@@ -19,8 +19,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import LongType
 
+from spark_jetstream.client.publish import publish_all
 from spark_jetstream.options import ACK_POLICIES
-from spark_jetstream.publish import publish_all
 
 pytestmark = pytest.mark.slow
 
@@ -427,7 +427,7 @@ def test_missing_stream_fails_at_start(spark, nats_server, tmp_path):
 
 
 def test_unreachable_server_fails_at_start(spark, tmp_path):
-    from spark_jetstream.embedded import free_port
+    from spark_jetstream.tools.embedded import free_port
 
     url = f"nats://127.0.0.1:{free_port()}"
     df = _load(spark, servers=url, stream="S", group="g", connectTimeout="2s")
@@ -457,7 +457,7 @@ def test_workqueue_stream_with_a_foreign_overlapping_consumer(spark, nats_server
 
 @pytest.mark.parametrize("retention", ["workqueue", "interest"])
 def test_ack_policy_none_is_refused_where_delivery_would_remove_messages(retention, spark, nats_server, api, tmp_path):
-    from spark_jetstream.groups import partitioned_stream_config
+    from spark_jetstream.groups.layout import partitioned_stream_config
 
     name = f"AckNone{retention}"
     api.create_stream(partitioned_stream_config(name, f"{name}.*", 2, retention=retention))
@@ -528,7 +528,7 @@ def test_restart_moves_a_lagging_ack_floor_forward_to_the_checkpoint(spark, nats
 
 
 def test_ack_floor_ahead_of_the_checkpoint_on_a_workqueue_stream_is_refused(spark, nats_server, api, tmp_path):
-    from spark_jetstream.groups import partitioned_stream_config
+    from spark_jetstream.groups.layout import partitioned_stream_config
 
     api.create_stream(partitioned_stream_config("WQP", "wqp.*", 2, retention="workqueue"))
     try:

@@ -24,7 +24,7 @@ from test_sink import stored
 from test_source import ack_floors, expected_rows
 from test_spark_versions import venv
 
-from spark_jetstream.embedded import free_port
+from spark_jetstream.tools.embedded import free_port
 
 pytestmark = pytest.mark.slow
 

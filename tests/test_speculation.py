@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from spark_jetstream.embedded import free_port
+from spark_jetstream.tools.embedded import free_port
 
 pytestmark = pytest.mark.slow
 

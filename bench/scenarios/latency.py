@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 from common import SUBJECTS, heading, rate
 from suite import NAIVE_FORMAT, READ_PARTITIONS, SIZE, Measurement, Suite, Summary, register_naive, start_session
 
-from spark_jetstream.connection import Connection
-from spark_jetstream.publish import Message, publish_all
+from spark_jetstream.client.connection import Connection
+from spark_jetstream.client.publish import Message, publish_all
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

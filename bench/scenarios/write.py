@@ -12,7 +12,7 @@ from write import SUBJECTS as WRITE_SUBJECTS
 from write import Run as WriteRun
 from write import raw_publish, timed, warmup_rows, writer_ids
 
-from spark_jetstream.publish import publish_all
+from spark_jetstream.client.publish import publish_all
 
 WRITE_WINDOW = 4000
 WRITE_TASKS = 2

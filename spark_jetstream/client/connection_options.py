@@ -1,0 +1,70 @@
+"""Where and how to connect: ``ConnectionOptions``, the connection cache's key, and its defaults.
+
+The client layer needs it without the option table: the defaults live here and
+``option_definitions`` shows them (``servers``, ``connectTimeout``); ``options.connection_options``
+builds one from parsed option values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from urllib.parse import urlsplit
+
+from spark_jetstream.errors import redact
+
+DEFAULT_SERVERS = ("nats://127.0.0.1:4222",)
+DEFAULT_CONNECT_TIMEOUT = 5.0
+"""Seconds to try to reach a server before failing."""
+
+
+@dataclass(frozen=True)
+class ConnectionOptions:
+    """Where and how to connect. Hashable: it is the connection cache key. Secrets stay out of repr."""
+
+    servers: tuple[str, ...] = DEFAULT_SERVERS
+    creds: str | None = None
+    nkey: str | None = None
+    token: str | None = field(default=None, repr=False)
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    domain: str | None = None
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
+        return redact(f"ConnectionOptions({shown})")
+
+    @property
+    def api_prefix(self) -> str:
+        return f"$JS.{self.domain}.API" if self.domain else "$JS.API"
+
+    @property
+    def shown_servers(self) -> str:
+        """The servers option as messages show it: any password or token in a URL is ``***``."""
+        return redact(", ".join(self.servers))
+
+    @property
+    def wants_tls(self) -> bool:
+        """TLS was asked for (a ``tls://`` or ``wss://`` URL, or any ``tls.*`` option): never connect without it."""
+        tls_urls = any(urlsplit(url).scheme in ("tls", "wss") for url in self.servers)
+        return tls_urls or any((self.tls_ca, self.tls_cert, self.tls_key))
+
+    def describe_auth(self) -> str:
+        """Which authentication is configured, without any secret."""
+        in_url = [urlsplit(url) for url in self.servers]
+        kinds = [
+            name
+            for name, value in (
+                ("creds", self.creds),
+                ("nkey", self.nkey),
+                ("token", self.token),
+                ("user/password", self.user),
+                ("user/password in the servers URL", any(u.password is not None for u in in_url)),
+                ("token in the servers URL", any(u.username and u.password is None for u in in_url)),
+            )
+            if value
+        ]
+        return ", ".join(kinds) or "no credentials"

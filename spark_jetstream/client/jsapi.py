@@ -1,0 +1,400 @@
+"""The JetStream API calls the connector makes, as raw JSON requests.
+
+nats-py's JetStream manager lacks the priority-group fields, UNPIN and Direct Get batches, so
+every call here is a plain request on ``$JS.API.*`` (or ``$JS.<domain>.API.*``) with the
+server's JSON, and API errors become the connector's exceptions with actionable messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats.errors import ConnectionClosedError, NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from spark_jetstream.client.connection import (
+    CLUSTER_BUSY_CODES,
+    JETSTREAM_ELECTING,
+    JETSTREAM_UP,
+    Connection,
+    NoAnswerError,
+)
+from spark_jetstream.client.protocol import header_fields
+from spark_jetstream.errors import (
+    ApiError,
+    ClusterUnavailableError,
+    ConnectError,
+    ConsumerNotFoundError,
+    StreamNotFoundError,
+)
+
+STREAM_NOT_FOUND = 10059
+CONSUMER_NOT_FOUND = 10014
+PRIORITY_GROUP_UNKNOWN = 10160
+NO_MESSAGE_FOUND = 10037
+ASSET_OFFLINE_CODES = frozenset({10118, 10119})
+"""*stream is offline* / *consumer is offline*: every peer of its group is down (a whole-cluster
+restart); retried within the deadline. The variants with a reason (10194/10195) are real and raised."""
+
+_CONFIRM_TIMEOUT = 1.0
+"""Seconds to wait for the meta leader's list of names (it answers in milliseconds when there is one)."""
+NOT_FOUND_GRACE = 2.0
+"""Seconds a not-found is retried when the meta leader cannot be asked for the names (a user without
+``$JS.API.STREAM.NAMES``/``CONSUMER.NAMES``) although ``$JS.API.INFO`` answers; then it is believed."""
+
+log = logging.getLogger(__name__)
+
+PRIORITY_GROUP = "PCG"
+"""The priority group every member consumer uses (as pcgroups does)."""
+
+
+@dataclass(frozen=True)
+class DirectMessage:
+    """One message returned by Direct Get."""
+
+    seq: int
+    subject: str
+    num_pending: int | None
+    data: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def describe_asset(stream: str, consumer: str = "") -> str:
+    """How messages name what a call is about."""
+    if consumer:
+        return f"consumer {consumer!r} on stream {stream!r}"
+    return f"stream {stream!r}" if stream else "the JetStream API"
+
+
+class JetStreamApi:
+    """Sync JetStream API calls over one ``Connection``."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.prefix = conn.options.api_prefix
+
+    def __repr__(self) -> str:
+        return f"JetStreamApi({self.conn!r})"
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def subject(self, *tokens: str) -> str:
+        return ".".join((self.prefix, *tokens))
+
+    def decode(self, raw: bytes, what: str, stream: str = "", consumer: str = "") -> dict[str, Any]:
+        """Parse an API reply; raise the connector's error for an API error.
+
+        A missing stream or consumer gets a message that names it and says what to check.
+        """
+        reply = json.loads(raw)
+        error = reply.get("error")
+        if not error:
+            return reply
+        code, err_code = error.get("code", 0), error.get("err_code", 0)
+        if (err_code == STREAM_NOT_FOUND and stream) or (err_code == CONSUMER_NOT_FOUND and consumer):
+            raise self.not_found(err_code, stream, consumer)
+        raise ApiError(f"{what}: {error.get('description', 'unknown error')} (error {err_code})", code, err_code)
+
+    def not_found(self, err_code: int, stream: str, consumer: str = "") -> StreamNotFoundError | ConsumerNotFoundError:
+        """The error for a stream (``STREAM_NOT_FOUND``) or consumer that does not exist: it names it and
+        says what to check. Raised only once the meta leader confirmed it (``call_async``)."""
+        where = self.conn.server_url + (f" in domain {self.conn.options.domain}" if self.conn.options.domain else "")
+        if err_code == STREAM_NOT_FOUND:
+            return StreamNotFoundError(
+                f"Stream {stream!r} does not exist on {where}: check the stream option or create the stream.",
+                404,
+                err_code,
+            )
+        return ConsumerNotFoundError(
+            f"Consumer {consumer!r} on stream {stream!r} does not exist on {where}: check the group "
+            "option, or create the group's member consumers.",
+            404,
+            err_code,
+        )
+
+    def call(
+        self,
+        tokens: tuple[str, ...],
+        body: dict[str, Any] | None,
+        what: str,
+        stream: str = "",
+        consumer: str = "",
+    ) -> dict[str, Any]:
+        """``call_async`` from sync code."""
+        return self.conn.run(self.call_async(tokens, body, what, stream, consumer))
+
+    async def call_async(
+        self,
+        tokens: tuple[str, ...],
+        body: dict[str, Any] | None,
+        what: str,
+        stream: str = "",
+        consumer: str = "",
+    ) -> dict[str, Any]:
+        """One API request with a JSON body; errors become the connector's exceptions.
+
+        The one retry layer of the API, within one deadline (the connection's API timeout): timeouts
+        are retried by the request; here, a stream's or consumer's request that got no answer or no
+        responders (no leader, as long as the meta leader lists it) and answers that only mean "no leader right now"
+        (``CLUSTER_BUSY_CODES``, ``ASSET_OFFLINE_CODES``) are retried, and a "not found" is
+        believed only once the meta leader confirms it (``_missing``): during an election, and from
+        a server still replaying its store after a restart, the API answers "not found" for streams
+        and consumers that exist (measured, docs/DESIGN.md section 10). If the names cannot be asked
+        but JetStream answers, a not-found that lasts ``NOT_FOUND_GRACE`` is believed.
+        """
+        payload = json.dumps(body).encode() if body is not None else b""
+        subject = self.subject(*tokens)
+        asset = describe_asset(stream, consumer)
+        loop = asyncio.get_running_loop()
+        timeout = self.conn.api_timeout
+        deadline = loop.time() + timeout
+        unconfirmed = 0.0  # when a not-found that the meta leader could not confirm was first seen
+        delay = 0.1
+        while True:
+            try:
+                remaining = max(0.05, deadline - loop.time())
+                raw = await self.conn.request_async(subject, payload, remaining, asset, unanswered_error=bool(stream))
+                return self.decode(raw, what, stream, consumer)
+            except NoAnswerError as exc:  # no leader now (RESET is served by the leader alone), or no such thing
+                confirmed, _ = await self._missing(stream, consumer, deadline)
+                if confirmed is not None:
+                    raise confirmed from None
+                why = str(exc)
+            except (StreamNotFoundError, ConsumerNotFoundError) as exc:
+                confirmed, answered = await self._missing(stream, consumer, deadline)
+                if confirmed is not None:
+                    raise confirmed from None
+                if answered:  # the meta leader lists it: a server still recovering answered
+                    unconfirmed, why = 0.0, "a server answered 'not found' although the meta leader lists it"
+                else:
+                    unconfirmed = unconfirmed or loop.time()
+                    why = "a server answered 'not found' and no meta leader answered to confirm it"
+                    if (
+                        loop.time() - unconfirmed >= NOT_FOUND_GRACE
+                        and await self.conn.jetstream_state(0.5) == JETSTREAM_UP
+                    ):
+                        raise exc from None  # the names cannot be asked (permissions?), but JetStream has its leader
+            except ApiError as exc:
+                if exc.err_code not in CLUSTER_BUSY_CODES | ASSET_OFFLINE_CODES:
+                    raise
+                why = str(exc)
+            if loop.time() + delay >= deadline:
+                raise ClusterUnavailableError(await self._gave_up(asset or subject, timeout, why))
+            log.debug("Retrying %s: %s", subject, why)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def _missing(
+        self, stream: str, consumer: str, deadline: float
+    ) -> tuple[StreamNotFoundError | ConsumerNotFoundError | None, bool]:
+        """The not-found error to raise if the meta leader confirms it, and whether it answered at all.
+
+        ``STREAM.NAMES`` and ``CONSUMER.NAMES`` are answered by the meta leader alone, from the
+        cluster's assignments: authoritative, unlike the "not found" a recovering server or a leaderless
+        group gives. No answer from them (an election) confirms nothing.
+        """
+        remaining = deadline - asyncio.get_running_loop().time()
+        timeout = max(0.05, min(remaining, _CONFIRM_TIMEOUT))
+        try:
+            if not await self._listed(("STREAM", "NAMES"), "streams", stream, timeout):
+                return self.not_found(STREAM_NOT_FOUND, stream), True
+            if consumer and not await self._listed(("CONSUMER", "NAMES", stream), "consumers", consumer, timeout):
+                return self.not_found(CONSUMER_NOT_FOUND, stream, consumer), True
+        except (NoRespondersError, NatsTimeoutError, ConnectionClosedError, ApiError) as exc:
+            log.debug("Could not confirm that %s is missing: %s", describe_asset(stream, consumer), exc)
+            return None, False
+        return None, True
+
+    async def _listed(self, tokens: tuple[str, ...], key: str, name: str, timeout: float) -> bool:
+        """Whether ``name`` is among the names the meta leader lists (paged); raises if it cannot answer."""
+        offset = 0
+        while True:
+            body = json.dumps({"offset": offset}).encode()
+            reply = json.loads((await self.conn.client.request(self.subject(*tokens), body, timeout=timeout)).data)
+            if error := reply.get("error"):
+                if error.get("err_code") == STREAM_NOT_FOUND:
+                    return False  # the stream of the consumer is gone
+                code, err_code = error.get("code", 0), error.get("err_code", 0)
+                raise ApiError(error.get("description", "unknown error"), code, err_code)
+            names = reply.get(key) or []
+            if name in names:
+                return True
+            offset += len(names)
+            if not names or offset >= reply.get("total", 0):
+                return False
+
+    async def _gave_up(self, asset: str, timeout: float, why: str) -> str:
+        """The deadline's message: what was happening, never advice to re-create anything."""
+        state = await self.conn.jetstream_state(timeout=0.5)
+        if state == JETSTREAM_ELECTING:
+            return (
+                f"The JetStream meta leader is being elected: the cluster did not answer for {asset} within "
+                f"{timeout:g}s (last: {why}). Check that a majority of the servers is up "
+                "(`nats server report jetstream`); the query can be restarted once it is."
+            )
+        return (
+            f"The leader of {asset} changed and no new leader answered within {timeout:g}s (last: {why}). Check "
+            "that a majority of its replicas is up (`nats stream info` / `nats consumer info`)."
+        )
+
+    # -- streams -----------------------------------------------------------------------------
+
+    def account_info(self) -> dict[str, Any]:
+        return self.call(("INFO",), None, "JetStream account info")
+
+    def stream_info(self, stream: str, deleted_details: bool = False) -> dict[str, Any]:
+        """Stream info; with ``deleted_details`` its state lists the removed seqs above ``first_seq``."""
+        body = {"deleted_details": True} if deleted_details else None
+        return self.call(("STREAM", "INFO", stream), body, f"Stream {stream!r}", stream)
+
+    def stream_names(self) -> list[str]:
+        names: list[str] = []
+        while True:
+            page = self.call(("STREAM", "NAMES"), {"offset": len(names)}, "Listing streams")
+            names += page.get("streams") or []
+            if not page.get("streams") or len(names) >= page.get("total", 0):
+                return names
+
+    def subjects(self, stream: str, filter_subject: str) -> list[str]:
+        """The subjects stored in ``stream`` that match ``filter_subject``."""
+        info = self.call(("STREAM", "INFO", stream), {"subjects_filter": filter_subject}, f"Stream {stream!r}", stream)
+        return sorted((info["state"].get("subjects") or {}).keys())
+
+    def create_stream(self, config: dict[str, Any]) -> dict[str, Any]:
+        return self.call(("STREAM", "CREATE", config["name"]), config, f"Creating stream {config['name']!r}")
+
+    def delete_stream(self, stream: str) -> None:
+        self.call(("STREAM", "DELETE", stream), None, f"Deleting stream {stream!r}", stream)
+
+    def purge_stream(self, stream: str, keep_from_seq: int | None = None) -> None:
+        body = {"seq": keep_from_seq} if keep_from_seq else None
+        self.call(("STREAM", "PURGE", stream), body, f"Purging stream {stream!r}", stream)
+
+    async def purge_below(self, stream: str, seq: int, subject: str = "") -> int:
+        """Remove the messages below ``seq`` (matching ``subject`` if given); returns how many went."""
+        body: dict[str, Any] = {"seq": seq}
+        if subject:
+            body["filter"] = subject
+        reply = await self.call_async(("STREAM", "PURGE", stream), body, f"Purging stream {stream!r}", stream)
+        return int(reply.get("purged", 0))
+
+    # -- consumers ---------------------------------------------------------------------------
+
+    def consumer_info(self, stream: str, consumer: str) -> dict[str, Any]:
+        return self.call(("CONSUMER", "INFO", stream, consumer), None, f"Consumer {consumer!r}", stream, consumer)
+
+    async def consumer_info_async(self, stream: str, consumer: str) -> dict[str, Any]:
+        tokens = ("CONSUMER", "INFO", stream, consumer)
+        return await self.call_async(tokens, None, f"Consumer {consumer!r}", stream, consumer)
+
+    def consumer_names(self, stream: str) -> list[str]:
+        """Names of every consumer on the stream."""
+        names: list[str] = []
+        while True:
+            page = self.call(
+                ("CONSUMER", "NAMES", stream),
+                {"offset": len(names)},
+                f"Listing consumers of {stream!r}",
+                stream,
+            )
+            names += page.get("consumers") or []
+            if not page.get("consumers") or len(names) >= page.get("total", 0):
+                return names
+
+    def create_consumer(self, stream: str, config: dict[str, Any], action: str = "") -> dict[str, Any]:
+        """Create or update a durable consumer; ``action`` is ``""``, ``"create"`` or ``"update"``."""
+        body: dict[str, Any] = {"stream_name": stream, "config": config}
+        if action:
+            body["action"] = action
+        name = config["durable_name"]
+        what = f"Creating consumer {name!r} on {stream!r}"
+        return self.call(("CONSUMER", "CREATE", stream, name), body, what, stream)
+
+    def delete_consumer(self, stream: str, consumer: str) -> None:
+        tokens = ("CONSUMER", "DELETE", stream, consumer)
+        self.call(tokens, None, f"Deleting consumer {consumer!r}", stream, consumer)
+
+    async def unpin(self, stream: str, consumer: str, group: str = PRIORITY_GROUP) -> None:
+        """Release the consumer's pin: a waiting pull of the old holder gets 423."""
+        tokens = ("CONSUMER", "UNPIN", stream, consumer)
+        await self.call_async(tokens, {"group": group}, f"Unpinning consumer {consumer!r}", stream, consumer)
+
+    async def reset(self, stream: str, consumer: str, seq: int) -> dict[str, Any]:
+        """Drop pending deliveries, deliver from ``seq`` on (ack floor = seq - 1); returns consumer info."""
+        tokens = ("CONSUMER", "RESET", stream, consumer)
+        what = f"Resetting consumer {consumer!r} to seq {seq}"
+        return await self.call_async(tokens, {"seq": seq}, what, stream, consumer)
+
+    # -- messages ----------------------------------------------------------------------------
+
+    def last_message(self, stream: str, subject: str) -> DirectMessage | None:
+        """The last message on ``subject``, read from the stream leader (read-after-write safe)."""
+        try:
+            reply = self.call(("STREAM", "MSG", "GET", stream), {"last_by_subj": subject}, f"Reading {subject}", stream)
+        except ApiError as exc:
+            if exc.err_code == NO_MESSAGE_FOUND:
+                return None
+            raise
+        message = reply["message"]
+        headers = dict(header_fields(base64.b64decode(message["hdrs"]))) if message.get("hdrs") else {}
+        return DirectMessage(
+            seq=message["seq"],
+            subject=message["subject"],
+            num_pending=None,
+            data=base64.b64decode(message.get("data") or ""),
+            headers=headers,
+        )
+
+    def direct_get(self, stream: str, request: dict[str, Any]) -> DirectMessage | None:
+        """One Direct Get (``seq``/``next_by_subj``/``last_by_subj``/``start_time``); None when none matches.
+
+        With ``batch: 1`` the reply carries ``Nats-Num-Pending``: matching messages after this one.
+        """
+        return self.conn.run(self.direct_get_async(stream, request))
+
+    async def direct_get_async(self, stream: str, request: dict[str, Any]) -> DirectMessage | None:
+        subject = f"{self.prefix}.DIRECT.GET.{stream}"
+        inbox = self.conn.client.new_inbox()
+        sub = await self.conn.client.subscribe(inbox)
+        try:
+            await self.conn.client.publish(subject, json.dumps(request).encode(), reply=inbox)
+            found: DirectMessage | None = None
+            wait = max(self.conn.options.connect_timeout, 5.0)
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=wait)
+                except ConnectionClosedError:
+                    raise ConnectError(f"The connection to {self.conn.server_url} is closed.") from None
+                except NatsTimeoutError:
+                    raise ApiError(
+                        f"Direct Get on stream {stream!r} got no answer: does it allow direct "
+                        "gets (allow_direct: true)?"
+                    ) from None
+                headers = msg.headers or {}
+                status = headers.get("Status")
+                if status == "404" or status == "204":
+                    return found
+                if status == "503":
+                    raise ApiError(
+                        f"Stream {stream!r} does not answer Direct Get: enable it with allow_direct: true "
+                        "(nats stream edit --allow-direct)."
+                    )
+                if status:
+                    raise ApiError(f"Direct Get on stream {stream!r}: {status} {headers.get('Description', '')}")
+                pending = headers.get("Nats-Num-Pending")
+                found = DirectMessage(
+                    seq=int(headers["Nats-Sequence"]),
+                    subject=headers.get("Nats-Subject", ""),
+                    num_pending=int(pending) if pending is not None else None,
+                    data=msg.data,
+                    headers=dict(headers),
+                )
+                if "batch" not in request:
+                    return found
+        finally:
+            await sub.unsubscribe()

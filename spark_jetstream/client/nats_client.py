@@ -1,0 +1,273 @@
+"""The nats-py client the connector runs on, and opening it: the TLS guard, the credential checks, one
+sentence that explains a failed connect, and the server version check.
+
+Everything here touches nats-py's internals (``tests/test_nats_py_contract.py`` lists them); the loop
+thread, the request retries and the connection cache that use it are in ``connection``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import socket
+import ssl
+from pathlib import Path
+from typing import Any
+
+import nkeys
+from nats.aio.client import Client as _NatsClient
+from nats.errors import AuthorizationError
+from nats.errors import Error as NatsError
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from spark_jetstream.client.connection_options import ConnectionOptions
+from spark_jetstream.client.protocol import BulkHandler, FastParser, RawHandler, wire
+from spark_jetstream.errors import ConnectError, JetStreamError, ServerTooOldError
+
+log = logging.getLogger(__name__)
+
+MIN_SERVER_VERSION = (2, 14, 5)
+"""Consumer RESET needs 2.14; non-JSON pulls could crash priority-group consumers before 2.14.5."""
+
+
+class TlsNotOfferedError(NatsError):
+    """The server offered no TLS although TLS was asked for: nothing (no credential) was sent to it."""
+
+
+class RawClient(_NatsClient):
+    """nats-py client that hands messages of registered subscriptions over raw, and never sends
+    CONNECT (the credentials) over plain text when TLS was asked for.
+
+    The pull hot path needs the raw header block (repeated header keys, the pin id) and no
+    per-message ``Msg`` object, header dict or queue hop; every other subscription is untouched.
+    """
+
+    def __init__(self, require_tls: bool = False) -> None:
+        super().__init__()
+        self.raw_handlers: dict[int, RawHandler] = {}
+        self.bulk_handlers: dict[int, BulkHandler] = {}
+        self._ps = FastParser(self)
+        self.require_tls = require_tls
+
+    async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
+        """A server that offers TLS without requiring it (``allow_non_tls``) is asked for it: nats-py
+        upgrades when ``tls_required`` is set, and ``info`` is the dict it then looks at."""
+        if self.require_tls and info.get("tls_available"):
+            info["tls_required"] = True
+        await super()._process_info(info, initial_connection)
+
+    def _connect_command(self) -> bytes:
+        """nats-py switches to TLS only when the server's INFO asks for it, then builds CONNECT (which
+        signs the nonce and carries the credentials) right before sending it: the last moment to check
+        that the connection really is TLS. Raising here drops the connection with nothing sent; nats-py
+        reports the error and tries the next server (initial connect and reconnects alike)."""
+        if self.require_tls and not self._tls_active():
+            url = self._current_server.uri if self._current_server else None
+            where = f"{url.scheme}://{url.hostname}:{url.port}" if url else "?"
+            raise TlsNotOfferedError(
+                f"The NATS server at {where} offers no TLS, but TLS was asked for (a tls:// URL or a tls.* "
+                "option): nothing was sent to it. Enable TLS on that server, or check the servers option."
+            )
+        return super()._connect_command()
+
+    def _tls_active(self) -> bool:
+        writer = getattr(self._transport, "_io_writer", None)  # TcpTransport
+        if writer is not None:
+            return writer.get_extra_info("ssl_object") is not None
+        return bool(self._current_server and self._current_server.uri.scheme == "wss")  # aiohttp's websocket
+
+    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        bulk = self.bulk_handlers.get(sid)
+        if bulk is not None:  # nats-py's parser had this one (rare): give the bulk handler its chance
+            message = bytearray(wire(sid, subject, reply, data, headers))
+            with memoryview(message) as view:
+                if bulk(message, view, 0):
+                    return
+        handler = self.raw_handlers.get(sid)
+        if handler is None:
+            await super()._process_msg(sid, subject, reply, data, headers)
+        else:
+            handler(subject, reply, data, headers)
+
+
+def _tls_context(options: ConnectionOptions) -> ssl.SSLContext | None:
+    if not options.wants_tls:
+        return None
+    if bool(options.tls_cert) != bool(options.tls_key):
+        raise ConnectError("Set both tls.cert and tls.key for mutual TLS, or neither.")
+    try:
+        context = ssl.create_default_context(cafile=options.tls_ca)
+        if options.tls_cert:
+            context.load_cert_chain(options.tls_cert, options.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConnectError(f"Cannot load the TLS files named by tls.ca/tls.cert/tls.key: {exc}.") from None
+    return context
+
+
+_CREDS_BLOCK = re.compile(r"-{3,}\s*BEGIN ([A-Z ]+?)\s*-{3,}\s*\n\s*(\S+)")
+"""A block of a creds file as nsc writes it: ``-----BEGIN USER NKEY SEED-----`` and the line below."""
+
+
+def _is_seed(text: str | None) -> bool:
+    try:
+        return text is not None and nkeys.from_seed(bytearray(text.encode())) is not None
+    except Exception:  # nkeys raises its own errors and binascii's for malformed base32
+        return False
+
+
+def _check_credential_files(options: ConnectionOptions) -> None:
+    """Refuse a creds or nkey file that is missing or holds no usable key before connecting: nats-py
+    would fail on it with an empty message or as an authorization error from the server."""
+    for name, path in (("creds", options.creds), ("nkey", options.nkey)):
+        if not path:
+            continue
+        if not os.path.isfile(path):
+            raise ConnectError(f"The {name} file {path!r} does not exist or is not a file: check the {name} option.")
+        try:
+            text = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConnectError(f"Cannot read the {name} file {path!r} ({exc}): check the {name} option.") from None
+        blocks = dict(match.groups() for match in _CREDS_BLOCK.finditer(text))
+        if name == "nkey" and not _is_seed(text.strip()):
+            raise ConnectError(
+                f"The nkey file {path!r} holds no valid nkey seed: check the nkey option (the file holds one "
+                "seed, SU..., as `nk -gen user` writes it)."
+            )
+        if name == "creds" and not (_is_seed(blocks.get("USER NKEY SEED")) and "NATS USER JWT" in blocks):
+            raise ConnectError(
+                f"The creds file {path!r} does not hold a user JWT and a valid nkey seed: check the creds option (a "
+                ".creds file as `nsc generate creds` writes it)."
+            )
+
+
+def _is_auth_error(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, AuthorizationError) or "authorization" in text or "authentication" in text
+
+
+def explain_failure(errors: list[BaseException], options: ConnectionOptions) -> str:
+    """One sentence from what actually went wrong (the most telling of the errors seen), naming the option."""
+    servers = options.shown_servers
+    within = f"within {options.connect_timeout:g}s"
+
+    def first(*kinds: type[BaseException]) -> BaseException | None:
+        return next((e for e in errors if isinstance(e, kinds)), None)
+
+    def detail(exc: BaseException) -> str:
+        return str(exc).strip() or type(exc).__name__  # nats-py raises some errors with empty messages
+
+    if (tls := first(TlsNotOfferedError)) is not None:
+        return str(tls)
+    if any(_is_auth_error(e) for e in errors):
+        auth = options.describe_auth()
+        if auth == "no credentials":
+            return (
+                f"The NATS server at {servers} requires credentials, and none were given: set the creds, nkey, "
+                "token or user and password option."
+            )
+        return (
+            f"The NATS server at {servers} refused the credentials ({auth}): check the creds, nkey, token or "
+            "user/password options."
+        )
+    if (handshake := first(ssl.SSLError, ssl.CertificateError)) is not None:
+        return f"TLS handshake with {servers} failed: check tls.ca, tls.cert and tls.key ({detail(handshake)})."
+    if (key := first(nkeys.NkeysError)) is not None:
+        return f"The nkey seed of the creds or nkey option is not valid ({detail(key)}): check that option."
+    if first(ConnectionRefusedError) is not None:
+        return (
+            f"Cannot reach a NATS server at {servers} {within}: the connection was refused (nothing listens "
+            "there): check the servers option and that nats-server is running."
+        )
+    if (unknown_host := first(socket.gaierror)) is not None:
+        return (
+            f"Cannot reach a NATS server at {servers}: the host name does not resolve ({detail(unknown_host)}): "
+            "check the servers option."
+        )
+    if first(TimeoutError, NatsTimeoutError) is not None or not errors:
+        return (
+            f"Cannot reach a NATS server at {servers} {within}: no answer (timed out): check the servers option "
+            "and firewalls; raise connectTimeout for a slow network."
+        )
+    if (network := first(OSError)) is not None:
+        return f"Cannot reach a NATS server at {servers} {within} ({detail(network)}): check the servers option."
+    last = errors[-1]
+    what = f"{type(last).__name__}: {str(last).strip()}" if str(last).strip() else type(last).__name__
+    return f"Connecting to the NATS server at {servers} failed ({what}): check the servers and connection options."
+
+
+async def open_client(options: ConnectionOptions) -> RawClient:
+    """A connected client for ``options``, or a ``ConnectError`` saying what went wrong: the files are
+    checked first, and refused credentials or a server without TLS fail at once instead of at the timeout."""
+    _check_credential_files(options)
+    tls = _tls_context(options)
+    errors: list[BaseException] = []
+    refused = asyncio.Event()  # retrying refused credentials or a server without TLS is pointless: fail at once
+
+    async def on_error(exc: BaseException) -> None:
+        errors.append(exc)
+        log.debug("nats client error: %s", type(exc).__name__)
+        if _is_auth_error(exc) or isinstance(exc, TlsNotOfferedError):
+            refused.set()
+
+    client = RawClient(require_tls=options.wants_tls)
+    kwargs: dict[str, Any] = dict(
+        servers=list(options.servers),
+        name="spark-jetstream",
+        connect_timeout=max(0.1, min(options.connect_timeout, 2.0)),
+        allow_reconnect=True,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        error_cb=on_error,
+        tls=tls,
+        user_credentials=options.creds,
+        nkeys_seed=options.nkey,
+        token=options.token,
+        user=options.user,
+        password=options.password,
+        pending_size=64 * 1024 * 1024,
+    )
+    connecting = asyncio.ensure_future(client.connect(**{k: v for k, v in kwargs.items() if v is not None}))
+    watching = asyncio.ensure_future(refused.wait())
+    await asyncio.wait({connecting, watching}, timeout=options.connect_timeout, return_when=asyncio.FIRST_COMPLETED)
+    watching.cancel()
+    if not connecting.done() or connecting.cancelled() or connecting.exception() is not None:
+        if connecting.done() and not connecting.cancelled():
+            errors.append(connecting.exception())  # type: ignore[arg-type]
+        connecting.cancel()
+        await _abandon(client)
+        raise ConnectError(explain_failure(errors, options))
+    try:
+        _check_version(client, options)
+    except JetStreamError:
+        await client.close()
+        raise
+    return client
+
+
+async def _abandon(client: RawClient) -> None:
+    try:
+        await asyncio.wait_for(client.close(), 2)
+    except Exception:
+        log.debug("closing a failed connection attempt failed", exc_info=True)
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    match = re.match(r"^v?(\d+)\.(\d+)\.(\d+)", text or "")
+    if not match:
+        return (0, 0, 0)
+    major, minor, patch = (int(g) for g in match.groups())
+    return (major, minor, patch)
+
+
+def _check_version(client: RawClient, options: ConnectionOptions) -> None:
+    version = client._server_info.get("version", "")
+    if parse_version(version) < MIN_SERVER_VERSION:
+        needed = ".".join(map(str, MIN_SERVER_VERSION))
+        url = client.connected_url
+        where = f"{url.hostname}:{url.port}" if url else options.shown_servers
+        raise ServerTooOldError(
+            f"The NATS server at {where} runs version {version or 'unknown'}, but spark-jetstream needs "
+            f"nats-server {needed} or newer (priority groups and consumer RESET): upgrade the server."
+        )

@@ -1,0 +1,1 @@
+"""Partitioned consumer groups: their layout (pcgroups format) and managing them."""

@@ -1,0 +1,180 @@
+"""Managing consumer groups: their configs in KV, elastic membership, step-down and status.
+
+The same operations as pcgroups' ``cg`` tool, on the same KV buckets and JSON, so groups made
+here can be used by pcgroups applications and the other way round. The ``spark-jetstream group``
+and ``status`` commands are thin wrappers over these functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
+
+from spark_jetstream.client.jsapi import PRIORITY_GROUP, JetStreamApi
+from spark_jetstream.errors import ConsumerNotFoundError, GroupConfigError, StreamNotFoundError
+from spark_jetstream.groups.layout import (
+    ELASTIC_BUCKET,
+    GroupConfig,
+    GroupLayout,
+    member_consumer_name,
+    work_stream_name,
+)
+from spark_jetstream.groups.resolve import (
+    check_static_stream,
+    derived_member_count,
+    find_group,
+    group_key,
+    no_group_error,
+    resolve_layout,
+)
+
+
+async def _bucket(api: JetStreamApi, bucket: str, create: bool, replicas: int = 1) -> Any:
+    js = api.conn.client.jetstream(domain=api.conn.options.domain)
+    try:
+        return await js.key_value(bucket)
+    except (BucketNotFoundError, NotFoundError):
+        if not create:
+            return None
+        return await js.create_key_value(KeyValueConfig(bucket=bucket, replicas=replicas, storage=StorageType.FILE))
+
+
+def load_group(api: JetStreamApi, stream: str, group: str) -> tuple[GroupConfig, int]:
+    """The group's config and its KV revision; ``GroupConfigError`` when there is none."""
+    found = find_group(api, stream, group)
+    if found is None:
+        raise no_group_error(stream, group)
+    return found
+
+
+def create_group(api: JetStreamApi, stream: str, group: str, config: GroupConfig) -> GroupConfig:
+    """Store a new group config (refusing to overwrite one) and, for an elastic group, its work stream."""
+    config.validate(f"group config {group_key(stream, group)}")
+    source = api.stream_info(stream)["config"]
+    if config.kind == "static":
+        check_static_stream(source, group, config.max_members)
+
+    async def store() -> None:
+        kv = await _bucket(api, config.bucket, create=True, replicas=source.get("num_replicas", 1))
+        try:
+            await kv.create(group_key(stream, group), json.dumps(config.to_json()).encode())
+        except KeyWrongLastSequenceError:
+            raise GroupConfigError(
+                f"Group {group!r} on stream {stream!r} already exists: delete it first or change it with add/drop/map."
+            ) from None
+
+    api.conn.run(store())
+    if config.kind == "elastic":
+        try:
+            api.stream_info(work_stream_name(stream, group))
+        except StreamNotFoundError:
+            api.create_stream(config.work_stream_config(source, group))
+    return config
+
+
+def delete_group(api: JetStreamApi, stream: str, group: str) -> None:
+    """Remove the config, then the static group's member consumers or the elastic group's work stream."""
+    config, _ = load_group(api, stream, group)
+
+    async def forget() -> None:
+        kv = await _bucket(api, config.bucket, create=False)
+        await kv.delete(group_key(stream, group))
+
+    api.conn.run(forget())
+    if config.kind == "elastic":
+        with contextlib.suppress(StreamNotFoundError):
+            api.delete_stream(work_stream_name(stream, group))
+        return
+    for member in config.mapping():
+        with contextlib.suppress(ConsumerNotFoundError, StreamNotFoundError):
+            api.delete_consumer(stream, member_consumer_name(group, member))
+
+
+def change_members(
+    api: JetStreamApi,
+    stream: str,
+    group: str,
+    *,
+    add: tuple[str, ...] = (),
+    drop: tuple[str, ...] = (),
+    mappings: tuple[tuple[str, tuple[int, ...]], ...] | None = None,
+) -> GroupConfig:
+    """Change an elastic group's membership (compare-and-set on its KV revision). Readers pick
+    the change up at their next batch boundary."""
+    config, revision = load_group(api, stream, group)
+    if config.kind != "elastic":
+        raise GroupConfigError(
+            f"Group {group!r} is static: its membership is fixed. Delete and re-create it, or use an elastic group."
+        )
+    if mappings is not None:
+        changed = GroupConfig(**{**config.__dict__, "members": (), "member_mappings": mappings})
+    else:
+        if config.member_mappings:
+            raise GroupConfigError(f"Group {group!r} uses member mappings: change them with `group map`, not add/drop.")
+        members = [m for m in dict.fromkeys((*config.members, *add)) if m not in drop]
+        changed = GroupConfig(**{**config.__dict__, "members": tuple(members)})
+    changed.validate(f"new config of group {group_key(stream, group)}")
+
+    async def update() -> None:
+        kv = await _bucket(api, ELASTIC_BUCKET, create=False)
+        try:
+            await kv.update(group_key(stream, group), json.dumps(changed.to_json()).encode(), last=revision)
+        except KeyWrongLastSequenceError:
+            raise GroupConfigError(f"Group {group!r} changed while it was being updated: try again.") from None
+
+    api.conn.run(update())
+    return changed
+
+
+def group_layout(api: JetStreamApi, stream: str, group: str, members: int | None = None) -> GroupLayout:
+    """The layout a query reads (``groups.resolve.resolve_layout``). A group derived from the stream's partition
+    transform has the members the query was given: ``members``, else as many as it made member consumers."""
+    source = api.stream_info(stream)["config"]
+    if members is None and find_group(api, stream, group) is None:
+        members = derived_member_count(api, source, group)
+    return resolve_layout(api, source, group, members)
+
+
+def step_down(api: JetStreamApi, stream: str, group: str, member: str, members: int | None = None) -> None:
+    """Unpin a member's consumer: its current reader loses the pin (a standby may take over)."""
+    layout = group_layout(api, stream, group, members)
+    if member not in layout.member_names:
+        raise GroupConfigError(f"{member!r} is not a member of group {group!r}: members are {layout.member_names}.")
+    api.conn.run(api.unpin(layout.stream, layout.consumer(member), PRIORITY_GROUP))
+
+
+@dataclass(frozen=True)
+class MemberStatus:
+    """One row of ``spark-jetstream status``."""
+
+    member: str
+    consumer: str
+    partitions: tuple[int, ...]
+    pinned: str
+    ack_floor: int
+    pending: int
+    lag: int
+
+
+def status(api: JetStreamApi, stream: str, group: str, members: int | None = None) -> list[MemberStatus]:
+    """Per member: partitions, pin holder, ack floor, pending messages, and lag behind the stream's last seq."""
+    layout = group_layout(api, stream, group, members)
+    last_seq = api.stream_info(layout.stream)["state"]["last_seq"]
+    rows = []
+    for member in layout.members:
+        name = layout.consumer(member.name)
+        try:
+            info = api.consumer_info(layout.stream, name)
+        except ConsumerNotFoundError:
+            rows.append(MemberStatus(member.name, name, member.partitions, "(no consumer)", 0, 0, last_seq))
+            continue
+        pin = next((g.get("pinned_client_id") for g in info.get("priority_groups") or [] if g.get("group")), None)
+        floor = info["ack_floor"]["stream_seq"]
+        pending = info["num_pending"] + info["num_ack_pending"]
+        rows.append(MemberStatus(member.name, name, member.partitions, pin or "-", floor, pending, last_seq - floor))
+    return rows

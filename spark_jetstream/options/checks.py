@@ -1,0 +1,98 @@
+"""The rules a set of given options must follow, for one mode: known names (with the closest valid one
+suggested), the right mode (saying where an option belongs), required options, well-formed values and
+consistent combinations. ``options.parse_options`` is the entry point."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from spark_jetstream.errors import OptionError
+from spark_jetstream.options.definitions import BATCH, OPTIONS, READ, STREAM, WRITE, Option, options_for
+
+SPARK_WRITE_OPTIONS = frozenset({"checkpointlocation"})
+"""Options Spark itself adds to a streaming writer's options: not ours to check."""
+
+_WRONG_MODE = {
+    BATCH: "applies to spark.readStream only: a batch read has no micro-batches or member consumers. Remove it "
+    "from spark.read.",
+    STREAM: "applies to spark.read only: a streaming query has no end. Use trigger(availableNow=True) to stop at "
+    "the messages there are when it starts.",
+}
+"""What an option of the other read mode is told, by the mode it was given to."""
+
+
+def parse_options(raw: Mapping[str, str], allowed: str | frozenset[str] | Iterable[Option]) -> dict[str, Any]:
+    """Check names against ``allowed`` (a mode, a set of modes, or the options themselves; case-insensitively,
+    as Spark does) and convert values; then the rules between options."""
+    if isinstance(allowed, str):
+        allowed = frozenset({allowed})
+    modes: frozenset[str] = allowed if isinstance(allowed, frozenset) else frozenset()
+    options = options_for(modes) if modes else tuple(allowed)  # type: ignore[arg-type]
+    by_lower = {option.name.lower(): option for option in options}
+    if WRITE in modes:
+        raw = {key: value for key, value in raw.items() if key.lower() not in SPARK_WRITE_OPTIONS}
+    if len(modes) == 1 and (mode := next(iter(modes))) in _WRONG_MODE:
+        for key in raw:
+            other = next((o for o in OPTIONS if o.name.lower() == key.lower() and o.modes & READ), None)
+            if other is not None and key.lower() not in by_lower:
+                raise OptionError(f"Option {other.name!r} {_WRONG_MODE[mode]}")
+    values = {option.name: option.default for option in by_lower.values()}
+    given = {key.lower() for key in raw}
+    missing = [
+        option.name for option in by_lower.values() if option.name.lower() not in given and _required(option, modes)
+    ]
+    if missing:
+        raise OptionError(f"Option {missing[0]!r} is required: set it with .option({missing[0]!r}, ...).")
+    for key, raw_value in raw.items():
+        option = by_lower.get(key.lower())
+        if option is None:
+            names = [option.name for option in by_lower.values()]
+            close = difflib.get_close_matches(key, names, n=1, cutoff=0.5) or difflib.get_close_matches(
+                key.lower(), list(by_lower), n=1, cutoff=0.5
+            )
+            hint = f" Did you mean {by_lower[close[0].lower()].name!r}?" if close else ""
+            raise OptionError(f"Unknown option {key!r}.{hint} Valid options: {', '.join(sorted(names))}.")
+        values[option.name] = option.convert(str(raw_value))
+    _check_combinations(values, given)
+    return values
+
+
+def _required(option: Option, modes: frozenset[str]) -> bool:
+    """Required in every mode asked for (``load()`` asks for both reads: ``group`` is optional in one)."""
+    if not modes:
+        return bool(option.required)
+    return bool(option.required) and modes <= option.required
+
+
+_EXCLUSIVE = (("startingPosition", "startingTimestamp"), ("endingPosition", "endingTimestamp"))
+"""Pairs of options that say the same thing two ways: a read takes one of each."""
+
+
+def _check_combinations(values: dict[str, Any], given: set[str]) -> None:
+    """The rules between options. A pull heartbeat must fit twice into the pull's expiry (the server
+    refuses it otherwise): an explicit one that does not is refused, the default drops to half."""
+    for first, second in _EXCLUSIVE:
+        if first.lower() in given and second.lower() in given:
+            raise OptionError(f"Set {first} or {second}, not both.")
+    start, end = values.get("startingPosition"), values.get("endingPosition")
+    if isinstance(start, int) and isinstance(end, int) and end < start:
+        raise OptionError(
+            f"endingPosition ({end}) is before startingPosition ({start}): a batch read covers the stream "
+            "sequences from startingPosition up to and including endingPosition."
+        )
+    start, end = values.get("startingTimestamp"), values.get("endingTimestamp")
+    if start is not None and end is not None and end <= start:
+        raise OptionError(
+            f"endingTimestamp ({end.isoformat()}) is not after startingTimestamp ({start.isoformat()}): a batch "
+            "read covers the messages stored at or after startingTimestamp and before endingTimestamp."
+        )
+    expires, heartbeat = values.get("pullExpires"), values.get("pullIdleHeartbeat")
+    if expires is not None and heartbeat is not None and heartbeat > expires / 2:
+        if "pullidleheartbeat" in given:
+            raise OptionError(
+                f"Option 'pullIdleHeartbeat' has an invalid value: {heartbeat:g}s is more than half of pullExpires "
+                f"({expires:g}s), and the server refuses such pulls. Use at most {expires / 2:g}s, or leave it unset."
+            )
+        values["pullIdleHeartbeat"] = expires / 2

@@ -1,0 +1,391 @@
+"""Every option, defined once: its name, type, default, documentation, the config attribute it fills and
+the modes (streaming read, batch read, write) it belongs to.
+
+The definitions only; ``options`` is how the rest of the package reads them (``parse_options``,
+``default_of``, ``config_values``), ``option_checks`` the rules a set of given options must follow and
+``option_docs`` the README's tables built from them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from spark_jetstream.client.connection_options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SERVERS
+from spark_jetstream.errors import OptionError
+from spark_jetstream.options.parsers import (
+    parse_ack_policy,
+    parse_bool,
+    parse_duration,
+    parse_end_position,
+    parse_int,
+    parse_name,
+    parse_position,
+    parse_positive_int,
+    parse_pull_expires,
+    parse_servers,
+    parse_size,
+    parse_subject,
+    parse_text,
+    parse_timestamp,
+)
+
+STREAM, BATCH, WRITE = "readStream", "read", "write"
+"""The modes: ``spark.readStream``, ``spark.read``, ``df.write``/``df.writeStream``."""
+READ = frozenset({STREAM, BATCH})
+ALL = frozenset({STREAM, BATCH, WRITE})
+LOAD = READ
+"""What ``load()`` checks: Spark does not say yet whether a streaming or a batch read is coming."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One user-facing option.
+
+    ``attr`` is the field it fills in a config dataclass (default: the name in snake_case); ``part``
+    groups it in the docs (``connection``, ``pull``, ``read``, ``sink``); ``required`` lists the
+    modes that need it; ``batch_doc`` replaces ``doc`` where batch reads mean something else by it.
+    """
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+    modes: frozenset[str]
+    part: str
+    attr: str = ""
+    secret: bool = False
+    minimum: float | None = None
+    required: frozenset[str] = frozenset()
+    batch_doc: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.attr:
+            snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in self.name.replace(".", "_"))
+            object.__setattr__(self, "attr", snake)
+
+    def convert(self, raw: str) -> Any:
+        shown = "<hidden>" if self.secret else repr(raw)
+        try:
+            value = self.parse(raw)
+        except ValueError as exc:
+            raise OptionError(f"Option {self.name!r} has an invalid value {shown}: {exc}.") from None
+        if self.minimum is not None and value < self.minimum:
+            raise OptionError(
+                f"Option {self.name!r} has an invalid value {shown}: it must be at least {self.minimum:g}."
+            )
+        return value
+
+    def doc_for(self, mode: str) -> str:
+        return self.batch_doc if mode == BATCH and self.batch_doc else self.doc
+
+
+def _connection(name: str, parse: Callable[[str], Any], default: Any, doc: str, **extra: Any) -> Option:
+    return Option(name, parse, default, doc, ALL, "connection", **extra)
+
+
+OPTIONS: tuple[Option, ...] = (
+    _connection("servers", parse_servers, DEFAULT_SERVERS, "Comma-separated NATS server URLs."),
+    _connection("creds", parse_text, None, "Path of a NATS credentials file (JWT and nkey seed)."),
+    _connection("nkey", parse_text, None, "Path of a file holding an nkey seed."),
+    _connection("token", parse_text, None, "Authentication token.", secret=True),
+    _connection("user", parse_text, None, "User name (with `password`)."),
+    _connection("password", parse_text, None, "Password (with `user`).", secret=True),
+    _connection("tls.ca", parse_text, None, "Path of the CA certificate that signed the server's certificate."),
+    _connection("tls.cert", parse_text, None, "Path of the client certificate for mutual TLS (with `tls.key`)."),
+    _connection("tls.key", parse_text, None, "Path of the client private key for mutual TLS."),
+    _connection("domain", parse_text, None, "JetStream domain, when the stream lives in another domain."),
+    _connection(
+        "connectTimeout",
+        parse_duration,
+        DEFAULT_CONNECT_TIMEOUT,
+        "How long to try to reach a server before failing (e.g. `5s`).",
+        minimum=0.1,
+    ),
+    Option(
+        "pullBatchSize",
+        parse_int,
+        1000,
+        "Messages asked for by one pull request.",
+        frozenset({STREAM}),
+        "pull",
+        attr="batch",
+        minimum=1,
+    ),
+    Option(
+        "pullsInFlight",
+        parse_int,
+        4,
+        "Pull requests kept outstanding per member.",
+        frozenset({STREAM}),
+        "pull",
+        attr="in_flight",
+        minimum=1,
+    ),
+    Option(
+        "pullExpires",
+        parse_pull_expires,
+        5.0,
+        "How long one pull request may wait at the server: under half the member consumers' `priority_timeout` "
+        "(2 min), so at most 59s.",
+        frozenset({STREAM}),
+        "pull",
+        attr="expires",
+        minimum=0.1,
+    ),
+    Option(
+        "pullIdleHeartbeat",
+        parse_duration,
+        1.0,
+        "Server heartbeat interval while a pull waits; at most half of `pullExpires` (the default drops to half "
+        "of a `pullExpires` under 2s).",
+        frozenset({STREAM}),
+        "pull",
+        attr="idle_heartbeat",
+        minimum=0.05,
+    ),
+    Option(
+        "pullMaxBytes",
+        parse_size,
+        4 * 1024 * 1024,
+        "Payload bytes asked for by one pull request (bounds executor memory; a larger message still arrives).",
+        frozenset({STREAM}),
+        "pull",
+        attr="max_bytes",
+        minimum=1024,
+    ),
+    Option(
+        "recordBatchSize",
+        parse_int,
+        10_000,
+        "Rows per Arrow record batch handed to Spark.",
+        READ,
+        "pull",
+        minimum=1,
+    ),
+    Option(
+        "stream",
+        parse_name,
+        None,
+        "The JetStream stream to read.",
+        READ,
+        "read",
+        required=READ,
+    ),
+    Option(
+        "group",
+        parse_name,
+        None,
+        "The partitioned consumer group; its member consumers are `<group>-<member>`.",
+        READ,
+        "read",
+        required=frozenset({STREAM}),
+        batch_doc="Optional: read what this group reads (its work stream, its members' filter subjects), without "
+        "touching its consumers. Default: the whole stream.",
+    ),
+    Option(
+        "members",
+        parse_positive_int,
+        None,
+        "Members of a group derived from the stream's partition transform (default: one per partition).",
+        READ,
+        "read",
+        batch_doc="With `group`: as for streaming reads.",
+    ),
+    Option(
+        "startingPosition",
+        parse_position,
+        None,
+        "Where a new query starts: `earliest`, `latest`, `group` (the member consumers' ack floor) or a "
+        "stream sequence. Default: `group` when the member consumers exist, else `earliest`.",
+        READ,
+        "read",
+        batch_doc="First message: `earliest` (default), `latest`, `group` (after the group's ack floor) or a stream "
+        "sequence.",
+    ),
+    Option(
+        "startingTimestamp",
+        parse_timestamp,
+        None,
+        "Start at the first message stored at or after this time (ISO-8601 or epoch ms).",
+        READ,
+        "read",
+        batch_doc="Start at the first message stored at or after this time.",
+    ),
+    Option(
+        "maxMessagesPerTrigger",
+        parse_positive_int,
+        None,
+        "At most this many messages per micro-batch.",
+        frozenset({STREAM}),
+        "read",
+        attr="max_messages",
+    ),
+    Option(
+        "maxBytesPerTrigger",
+        parse_size,
+        None,
+        "About at most this many bytes per micro-batch (estimated from the stream's average message size).",
+        frozenset({STREAM}),
+        "read",
+        attr="max_bytes_per_trigger",
+    ),
+    Option(
+        "minMessagesPerTrigger",
+        parse_positive_int,
+        None,
+        "Wait for at least this many messages before a micro-batch (up to `maxTriggerDelay`).",
+        frozenset({STREAM}),
+        "read",
+        attr="min_messages",
+    ),
+    Option(
+        "maxTriggerDelay",
+        parse_duration,
+        15 * 60.0,
+        "Longest wait for `minMessagesPerTrigger` before a smaller batch runs.",
+        frozenset({STREAM}),
+        "read",
+        minimum=0,
+    ),
+    Option(
+        "endingPosition",
+        parse_end_position,
+        "latest",
+        "Last message: `latest` (the stream's last sequence when the query is planned) or a stream sequence "
+        "(inclusive).",
+        frozenset({BATCH}),
+        "read",
+    ),
+    Option(
+        "endingTimestamp",
+        parse_timestamp,
+        None,
+        "Stop before the first message stored at or after this time.",
+        frozenset({BATCH}),
+        "read",
+    ),
+    Option(
+        "failOnDataLoss",
+        parse_bool,
+        True,
+        "Fail when messages of a batch were removed before they were read (retention, purge); "
+        "`false` skips them with a warning.",
+        READ,
+        "read",
+        batch_doc="Fail when messages from `startingPosition` on were already removed; `false` reads what is left.",
+    ),
+    Option("includeHeaders", parse_bool, False, "Add the `headers` column.", READ, "read"),
+    Option(
+        "ackWait",
+        parse_duration,
+        3600.0,
+        "The member consumers' ack_wait: how long a delivered, uncommitted message waits before the "
+        "server may redeliver it.",
+        frozenset({STREAM}),
+        "read",
+        minimum=1,
+    ),
+    Option(
+        "ackPolicy",
+        parse_ack_policy,
+        "explicit",
+        "The member consumers' ack policy. `none` (Limits-retention streams only) spares the server tracking "
+        "every delivered message until the commit, for about 1.3x faster reads from file-backed streams; the "
+        "commit still sets every ack floor to the checkpoint, but while a batch is read the floor runs ahead "
+        "of it (see Guarantees).",
+        frozenset({STREAM}),
+        "read",
+    ),
+    Option(
+        "maxRangePerPartition",
+        parse_positive_int,
+        1_000_000,
+        "Most stream sequences one Spark partition covers; longer ranges are split into more partitions.",
+        frozenset({BATCH}),
+        "read",
+        attr="max_range",
+    ),
+    Option(
+        "directGetBatch",
+        parse_positive_int,
+        10_000,
+        "Messages asked for by one Direct Get request.",
+        READ,
+        "read",
+        attr="direct_batch",
+        minimum=1,
+    ),
+    Option(
+        "subject",
+        parse_subject,
+        None,
+        "Subject of rows without a `subject` column, or whose `subject` is null.",
+        frozenset({WRITE}),
+        "sink",
+    ),
+    Option(
+        "deduplicate",
+        parse_bool,
+        True,
+        "Give every message a `Nats-Msg-Id` (the row's `msg_id`, else one derived from the query, batch, "
+        "partition and row), so a replayed batch or retried task is stored once (within the stream's duplicate "
+        "window); `false` is faster, but a replay or retry stores its messages again.",
+        frozenset({WRITE}),
+        "sink",
+    ),
+    Option(
+        "expectedStream",
+        parse_name,
+        None,
+        "Every message must be stored by this stream (`Nats-Expected-Stream`); otherwise the write fails.",
+        frozenset({WRITE}),
+        "sink",
+    ),
+    Option(
+        "commitBucket",
+        parse_name,
+        "spark-jetstream-commits",
+        "KV bucket of the streaming writer's committed-batch markers; created when missing.",
+        frozenset({WRITE}),
+        "sink",
+    ),
+    Option(
+        "commitBucketReplicas",
+        parse_positive_int,
+        1,
+        "Replicas of `commitBucket` when the writer creates it.",
+        frozenset({WRITE}),
+        "sink",
+    ),
+    Option(
+        "publishWindow",
+        parse_int,
+        4000,
+        "Messages a task publishes ahead of their PubAcks.",
+        frozenset({WRITE}),
+        "sink",
+        attr="window",
+        minimum=2,
+    ),
+    Option(
+        "publishTimeout",
+        parse_duration,
+        30.0,
+        "How long a task waits for outstanding PubAcks before it fails.",
+        frozenset({WRITE}),
+        "sink",
+        attr="timeout",
+        minimum=0.1,
+    ),
+)
+
+_BY_ATTR = {option.attr: option for option in OPTIONS}
+assert len(_BY_ATTR) == len(OPTIONS), "two options fill the same config attribute"
+
+
+def options_for(modes: str | Iterable[str]) -> tuple[Option, ...]:
+    """The options of ``modes`` (a mode or several), in definition order."""
+    wanted = {modes} if isinstance(modes, str) else set(modes)
+    return tuple(option for option in OPTIONS if option.modes & wanted)

@@ -1,0 +1,142 @@
+"""Bounded batch reads: ``spark.read.format("jetstream")`` over a seq range of a stream.
+
+The range ``(start, end]`` is fixed when Spark plans the query (default: the whole stream as it
+is then) and read with Direct Get (``read.direct``), like a streaming batch: the group's member
+consumers (their ack floors, pins and pending counts) are never touched, nothing is acked, and a
+crashed executor leaves nothing behind on the server. It needs ``allow_direct: true`` on the
+stream.
+
+Parallelism: one Spark partition per partition filter (``<p>.>``, or the group's member filters)
+and per ``maxRangePerPartition`` stream sequences.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+
+from spark_jetstream.client.connection import Connection, ConnectionOptions, connect
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.errors import OptionError, ReaderError
+from spark_jetstream.groups.layout import transform_partitions
+from spark_jetstream.groups.resolve import resolve_layout
+from spark_jetstream.options import BATCH, config_values, connection_options, default_of, parse_options
+from spark_jetstream.read.direct import RangePartition, SeqRange, first_seqs, read_range, split
+from spark_jetstream.read.start import check_data_loss, seq_at, start_after
+from spark_jetstream.spark_compat import DataSourceReader, InputPartition
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """Everything ``spark.read.format("jetstream")`` was told. Picklable; secrets stay out of repr.
+
+    Field defaults and the option each field comes from are in ``options.OPTIONS``.
+    """
+
+    connection: ConnectionOptions
+    stream: str
+    group: str | None = None
+    members: int | None = None
+    starting_position: str | int | None = None
+    starting_timestamp: datetime | None = None
+    ending_position: str | int = default_of("endingPosition")
+    ending_timestamp: datetime | None = None
+    fail_on_data_loss: bool = default_of("failOnDataLoss")
+    include_headers: bool = default_of("includeHeaders")
+    max_range: int = default_of("maxRangePerPartition")
+    direct_batch: int = default_of("directGetBatch")
+    record_batch_size: int = default_of("recordBatchSize")
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, str]) -> BatchConfig:
+        values = parse_options(raw, BATCH)
+        if values["startingPosition"] == "group" and not values["group"]:
+            raise OptionError("startingPosition=group needs the group option: whose ack floor would it start at?")
+        return cls(connection=connection_options(values), **config_values(cls, values))
+
+
+class JetStreamBatchReader(DataSourceReader):
+    """Plans the ranges on the driver; executors read them with Direct Get."""
+
+    def __init__(self, config: BatchConfig) -> None:
+        self.config = config
+
+    def partitions(self) -> list[InputPartition]:
+        return [RangePartition(r) for r in plan(connect(self.config.connection), self.config)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, RangePartition):
+            return  # an empty plan: Spark still runs one task, with a placeholder partition
+        yield from read_range(connect(self.config.connection), partition.range)
+
+
+# -- planning (driver) ---------------------------------------------------------------------------
+
+
+def _partitions_of(stream_config: dict[str, Any]) -> int | None:
+    """N when the stored subjects start with a partition number: the stream's own transform, or the
+    transforms through which it sources (an elastic group's work stream)."""
+    own = transform_partitions(stream_config)
+    if own is not None:
+        return own
+    counts = {
+        transform_partitions({"subject_transform": transform})
+        for source in stream_config.get("sources") or []
+        for transform in source.get("subject_transforms") or []
+    }
+    return counts.pop() if len(counts) == 1 and None not in counts else None
+
+
+def plan(conn: Connection, config: BatchConfig) -> list[SeqRange]:
+    """The ranges to read, fixed now: ``(start, end]`` split per filter subject and seq width."""
+    api = JetStreamApi(conn)
+    source = api.stream_info(config.stream)
+    layout = resolve_layout(api, source["config"], config.group, config.members) if config.group else None
+    stream = layout.stream if layout else config.stream
+    info = api.stream_info(stream) if stream != config.stream else source
+    if not info["config"].get("allow_direct"):
+        raise ReaderError(
+            f"Stream {stream!r} does not allow Direct Get, which batch reads use (they never touch consumers): "
+            f"enable it with `nats stream edit {stream} --allow-direct`."
+        )
+    first_seq, last_seq = info["state"]["first_seq"], info["state"]["last_seq"]
+    start = start_after(
+        api, layout, stream, config.starting_position or "earliest", config.starting_timestamp, first_seq, last_seq
+    )
+    check_data_loss(stream, start, first_seq, last_seq, config.fail_on_data_loss)
+    start = max(start, first_seq - 1)
+    if config.ending_timestamp is not None:
+        end = seq_at(api, stream, config.ending_timestamp, last_seq) - 1
+    elif config.ending_position == "latest":
+        end = last_seq
+    else:
+        end = min(int(config.ending_position), last_seq)
+    if end <= start:
+        return []
+    if layout is not None:
+        partitioned = layout.partitioned
+        filters = [f for member in layout.members for f in member.filter_subjects] or [">"]
+    else:
+        count = _partitions_of(info["config"])
+        partitioned = count is not None
+        filters = [f"{p}.>" for p in range(count)] if count is not None else [">"]
+    template = SeqRange(
+        stream=stream,
+        filter="",
+        start=start,
+        end=end,
+        partitioned=partitioned,
+        include_headers=config.include_headers,
+        direct_batch=config.direct_batch,
+        record_batch_size=config.record_batch_size,
+    )
+    ranges = split(template, first_seqs(conn, stream, filters, start), filters, config.max_range)
+    log.info("Batch read of %s seqs (%d, %d]: %d partitions", stream, start, end, len(ranges))
+    return ranges

@@ -1,0 +1,232 @@
+"""Reading a seq range with Direct Get: what batch reads and streaming reads both use.
+
+A range is ``(start, end]`` of one filter subject (a partition's ``<p>.>``, or a member's filter),
+read with Direct Get batches (``$JS.API.DIRECT.GET.<stream>`` with ``seq``, ``next_by_subj`` and
+``batch``): a read-only API, so reading creates nothing on the server, acks nothing and moves no
+consumer's delivery state. Two attempts of one Spark task read the same immutable range side by
+side without disturbing each other. It needs ``allow_direct: true`` on the stream.
+
+Any replica may answer a Direct Get, so a read that seems complete is confirmed with one
+``STREAM.MSG.GET`` on the leader (a lagging replica would otherwise end the range early).
+Rows have the streaming source's schema (``read.rows``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+
+import pyarrow as pa
+
+from spark_jetstream.client.connection import ATTEMPT_TIMEOUT, Connection
+from spark_jetstream.client.jsapi import NO_MESSAGE_FOUND, JetStreamApi
+from spark_jetstream.client.protocol import STATUS_PREFIX, status_line
+from spark_jetstream.errors import ApiError, ClusterUnavailableError, ReaderError
+from spark_jetstream.options import default_of
+from spark_jetstream.read.rows import RowBuffer
+from spark_jetstream.spark_compat import InputPartition
+
+log = logging.getLogger(__name__)
+
+_DIRECT_HEADERS = b"\r\nNats-Stream: "  # the server appends its headers after the message's own
+_LAGGING_RETRIES = 50
+
+
+@dataclass(frozen=True)
+class SeqRange:
+    """One Spark partition's read: the messages matching ``filter`` with ``start < seq <= end``."""
+
+    stream: str
+    filter: str
+    start: int
+    end: int
+    partitioned: bool
+    include_headers: bool = False
+    direct_batch: int = default_of("directGetBatch")
+    record_batch_size: int = default_of("recordBatchSize")
+
+
+class RangePartition(InputPartition):
+    """One Spark input partition read with Direct Get: one filter subject's seq range."""
+
+    def __init__(self, seq_range: SeqRange) -> None:
+        super().__init__(seq_range)
+        self.range = seq_range
+
+
+def first_seqs(conn: Connection, stream: str, filters: Sequence[str], after: int) -> list[int | None]:
+    """The first seq after ``after`` of each filter subject (None: none yet), one Direct Get each."""
+    api = JetStreamApi(conn)
+
+    async def first(subject: str) -> int | None:
+        found = await api.direct_get_async(stream, {"seq": after + 1, "next_by_subj": subject})
+        return found.seq if found else None
+
+    async def gather() -> list[int | None]:
+        return list(await asyncio.gather(*(first(subject) for subject in filters)))
+
+    return conn.run(gather())
+
+
+def split(template: SeqRange, firsts: Sequence[int | None], filters: Sequence[str], max_range: int) -> list[SeqRange]:
+    """``template``'s range for each filter with a message in it (no empty task), from that message on,
+    in pieces of at most ``max_range`` seqs."""
+    return [
+        replace(template, filter=subject, start=low, end=min(low + max_range, template.end))
+        for subject, first in zip(filters, firsts, strict=True)
+        if first is not None and first <= template.end
+        for low in range(max(template.start, first - 1), template.end, max_range)
+    ]
+
+
+def read_range(conn: Connection, seq_range: SeqRange) -> Iterator[pa.RecordBatch]:
+    """Yield the messages of ``seq_range`` in seq order, as record batches of the source's schema."""
+    reader = _DirectReader(conn, seq_range)
+    try:
+        conn.run(reader.open())
+        while (rows := conn.run(reader.next_rows())) is not None:
+            stamps = pa.array(rows.times, pa.binary()).cast(pa.string()).cast(pa.timestamp("ns", tz="UTC"))
+            rows.times = stamps  # type: ignore[assignment]  # RowBuffer takes any array of ns timestamps
+            yield rows.to_record_batch(seq_range.stream, seq_range.partitioned, seq_range.include_headers)
+    finally:
+        conn.run(reader.close(), timeout=10)
+
+
+class _DirectReader:
+    """Sequential Direct Get batches for one range; every method runs on the connection's loop thread."""
+
+    def __init__(self, conn: Connection, seq_range: SeqRange) -> None:
+        self.conn = conn
+        self.api = JetStreamApi(conn)
+        self.range = seq_range
+        self.subject = self.api.subject("DIRECT", "GET", seq_range.stream)
+        self.last = seq_range.start  # highest seq read
+        self.rows = RowBuffer()
+        self.inbox = ""
+        self.sid: int | None = None
+        self.batch_done = asyncio.Event()
+        self.received = 0  # messages in the current batch
+        self.pending: int | None = None  # matching messages after the last one, as the replica saw it
+        self.error: str | None = None
+        self.unavailable = False  # the last request got 503: nobody answers Direct Get right now
+        self.done = False
+
+    async def open(self) -> None:
+        self.inbox, self.sid = await self.conn.subscribe_raw(self._on_message)
+
+    async def close(self) -> None:
+        if self.sid is not None:
+            sid, self.sid = self.sid, None
+            await self.conn.unsubscribe_raw(sid)
+
+    async def next_rows(self) -> RowBuffer | None:
+        """The next record batch's worth of rows, or None once the range is read."""
+        lagging = 0
+        while not self.done and len(self.rows) < self.range.record_batch_size:
+            await self._batch()
+            if self.done or (self.received and self.pending != 0):
+                continue
+            # The replica that answered has nothing more: make sure the leader agrees.
+            if await self._leader_has_more():
+                lagging += 1
+                if lagging > _LAGGING_RETRIES:
+                    raise ReaderError(
+                        f"The replicas answering Direct Get on stream {self.range.stream!r} stay behind its leader "
+                        f"(seq {self.last} read, the leader has more up to {self.range.end}): retry later."
+                    )
+                await asyncio.sleep(0.1)
+            else:
+                self.done = True
+        if not self.rows:
+            return None
+        rows, self.rows = self.rows, RowBuffer()
+        return rows
+
+    async def _batch(self) -> None:
+        """One Direct Get batch from ``last + 1``.
+
+        A request sent into a connection that then dropped (its server died) is never answered, and
+        while a stream has no responding replica the server answers 503: after ``ATTEMPT_TIMEOUT``
+        without a message, or on a 503, the rest is asked for again on a new inbox (late replies to
+        the old request are ignored), until ``api_timeout`` passes without progress.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.conn.api_timeout
+        while True:
+            wanted = min(self.range.direct_batch, self.range.end - self.last)
+            request = {"seq": self.last + 1, "next_by_subj": self.range.filter, "batch": wanted}
+            self.received, self.pending, self.error, self.unavailable = 0, None, None, False
+            self.batch_done.clear()
+            await self.conn.client.publish(self.subject, json.dumps(request).encode(), reply=self.inbox)
+            while not self.batch_done.is_set():
+                heard = self.received
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.batch_done.wait(), ATTEMPT_TIMEOUT)
+                if self.received > heard:
+                    deadline = loop.time() + self.conn.api_timeout  # messages flow: not stuck
+                elif not self.batch_done.is_set():
+                    break  # nothing for a whole attempt: ask again
+            if self.batch_done.is_set() and not self.unavailable:
+                break
+            if loop.time() >= deadline:
+                raise ClusterUnavailableError(
+                    f"Direct Get on stream {self.range.stream!r} got no answer within {self.conn.api_timeout:g}s "
+                    f"(seq {self.last} read of {self.range.end}): no replica of the stream answers; is a majority "
+                    "of its servers down?"
+                )
+            log.info("Asking stream %s again for %s from seq %d", self.range.stream, self.range.filter, self.last + 1)
+            await asyncio.sleep(0.1 if self.unavailable else 0)
+            await self.close()
+            await self.open()
+        if self.error is not None:
+            raise ReaderError(self.error)
+        if self.last >= self.range.end:
+            self.done = True
+
+    def _on_message(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        """Raw handler of the Direct Get inbox (loop thread, once per message: keep it lean)."""
+        if headers is None:
+            return
+        if headers.startswith(STATUS_PREFIX):
+            code = headers[len(STATUS_PREFIX) : len(STATUS_PREFIX) + 3]
+            if code == b"503":  # no replica answers right now (an election, servers restarting)
+                self.unavailable = True
+            elif code not in (b"204", b"404"):  # 204: end of batch; 404: nothing (more) matches
+                self.error = f"Direct Get on stream {self.range.stream!r} failed: {status_line(headers)}."
+            self.batch_done.set()
+            return
+        cut = headers.rfind(_DIRECT_HEADERS)
+        fields = dict(line.split(b": ", 1) for line in headers[cut + 2 : -4].split(b"\r\n"))
+        seq = int(fields[b"Nats-Sequence"])
+        if seq <= self.last:
+            return
+        if seq > self.range.end:  # past the range: this filter has nothing more in it
+            self.done = True
+            return
+        self.received += 1
+        self.pending = int(fields.get(b"Nats-Num-Pending", b"-1"))
+        rows = self.rows
+        rows.subjects.append(fields[b"Nats-Subject"])
+        rows.data.append(data)
+        rows.seqs.append(seq)
+        rows.times.append(fields[b"Nats-Time-Stamp"])  # type: ignore[arg-type]  # RFC 3339, parsed per batch
+        if self.range.include_headers:
+            rows.headers.append(headers[:cut] + b"\r\n\r\n")
+        self.last = seq
+
+    async def _leader_has_more(self) -> bool:
+        """Whether the stream leader holds a matching message in ``(last, end]`` (read-after-write)."""
+        body = {"seq": self.last + 1, "next_by_subj": self.range.filter}
+        try:
+            reply = await self.api.call_async(
+                ("STREAM", "MSG", "GET", self.range.stream), body, f"Reading {self.range.filter}", self.range.stream
+            )
+        except ApiError as exc:
+            if exc.err_code == NO_MESSAGE_FOUND:
+                return False
+            raise
+        return reply["message"]["seq"] <= self.range.end

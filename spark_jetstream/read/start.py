@@ -1,0 +1,97 @@
+"""Where a read starts and what was lost before it, answered once for streaming and batch reads: a
+``startingPosition`` or ``startingTimestamp`` means the same seq, and removed messages are detected by one rule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.errors import ConsumerNotFoundError, DataLossError, GroupConfigError
+from spark_jetstream.groups.layout import (
+    GroupLayout,
+)
+
+log = logging.getLogger(__name__)
+
+
+def seq_at(api: JetStreamApi, stream: str, when: datetime, last_seq: int) -> int:
+    """The seq of the first message stored at or after ``when`` (``last_seq + 1`` if none)."""
+    stamp = when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    found = api.direct_get(stream, {"start_time": stamp})
+    return found.seq if found else last_seq + 1
+
+
+async def member_infos_async(api: JetStreamApi, layout: GroupLayout) -> dict[str, dict[str, Any] | None]:
+    """Consumer info of every member consumer (None where it does not exist), asked all at once."""
+    calls = [api.consumer_info_async(layout.stream, layout.consumer(m)) for m in layout.member_names]
+    infos: dict[str, dict[str, Any] | None] = {}
+    for member, info in zip(layout.member_names, await asyncio.gather(*calls, return_exceptions=True), strict=True):
+        if isinstance(info, ConsumerNotFoundError):
+            infos[member] = None
+        elif isinstance(info, BaseException):
+            raise info
+        else:
+            infos[member] = info
+    return infos
+
+
+def member_infos(api: JetStreamApi, layout: GroupLayout) -> dict[str, dict[str, Any] | None]:
+    """``member_infos_async`` from sync code."""
+    return api.conn.run(member_infos_async(api, layout))
+
+
+def start_after(
+    api: JetStreamApi,
+    layout: GroupLayout | None,
+    stream: str,
+    position: str | int | None,
+    timestamp: datetime | None,
+    first_seq: int,
+    last_seq: int,
+) -> int:
+    """The seq after which a new read starts (``startingPosition`` or ``startingTimestamp``).
+
+    Without either: ``group`` when every member consumer exists (only with a ``layout``), else
+    ``earliest``. ``group`` is the lowest ack floor of the member consumers, which must all exist.
+    """
+    if timestamp is not None:
+        return seq_at(api, stream, timestamp, last_seq) - 1
+    infos = member_infos(api, layout) if layout is not None and position in (None, "group") else {}
+    if position is None:
+        position = "group" if infos and all(infos.values()) else "earliest"
+    if position == "earliest":
+        return first_seq - 1
+    if position == "latest":
+        return last_seq
+    if position == "group":
+        assert layout is not None, "startingPosition=group needs a group"
+        missing = [layout.consumer(m) for m, info in infos.items() if info is None]
+        if missing:
+            raise GroupConfigError(
+                f"startingPosition=group, but group {layout.group!r} has no member consumer "
+                f"{', '.join(missing)} on stream {stream!r}: create the group or start from earliest, latest or "
+                "a sequence."
+            )
+        return min(info["ack_floor"]["stream_seq"] for info in infos.values() if info is not None)
+    return int(position) - 1
+
+
+# -- data loss -------------------------------------------------------------------------------------
+
+
+def check_data_loss(stream: str, start: int, first_seq: int, last_seq: int, fail: bool) -> None:
+    """Messages after ``start`` left the stream before they were read (``first_seq > start + 1`` while
+    the stream has messages after ``start``): raise with ``failOnDataLoss``, else warn and go on."""
+    if first_seq <= start + 1 or last_seq <= start:
+        return
+    lost = f"seqs {start + 1}..{first_seq - 1}"
+    if fail:
+        raise DataLossError(
+            f"Messages {lost} of stream {stream!r} were removed (retention limits or a purge) before they were "
+            "read: set failOnDataLoss=false to skip them, start later, or raise the stream's limits."
+        )
+    log.warning("Skipping messages %s of stream %s: removed before they were read", lost, stream)

@@ -1,0 +1,1 @@
+"""The jetstream sink: batch and streaming writers, exactly-once."""

@@ -1,0 +1,86 @@
+"""The streaming writer's commit markers: the last committed batch of each query, in a KV bucket.
+
+The driver's ``commit`` writes the marker (``write_marker``) after every task of a batch succeeded;
+each task reads it first (``read_marker``) and skips a batch committed before (see ``sink.writer``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from spark_jetstream.client.connection import Connection, ConnectionOptions
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.errors import ApiError, ClusterUnavailableError, ConnectError, JetStreamError, StreamNotFoundError
+
+STREAM_NAME_EXISTS = 10058
+
+_ensured: set[tuple[ConnectionOptions, str]] = set()
+_ensured_lock = threading.Lock()
+
+
+def ensure_bucket(conn: Connection, bucket: str, replicas: int) -> None:
+    """Create the KV bucket of commit markers when missing (once per process)."""
+    with _ensured_lock:
+        if (conn.options, bucket) in _ensured:
+            return
+    api = JetStreamApi(conn)
+    try:
+        api.stream_info(f"KV_{bucket}")
+    except StreamNotFoundError:
+        config = {
+            "name": f"KV_{bucket}",
+            "subjects": [f"$KV.{bucket}.>"],
+            "max_msgs_per_subject": 1,
+            "discard": "new",
+            "allow_rollup_hdrs": True,
+            "deny_delete": True,
+            "allow_direct": True,
+            "num_replicas": replicas,
+            "storage": "file",
+            "duplicate_window": 120 * 1_000_000_000,
+            "description": "spark-jetstream: the last committed batch of each streaming query",
+        }
+        try:
+            api.create_stream(config)
+        except ApiError as exc:
+            if exc.err_code != STREAM_NAME_EXISTS:  # another process created it meanwhile
+                raise
+    with _ensured_lock:
+        _ensured.add((conn.options, bucket))
+
+
+def read_marker(conn: Connection, bucket: str, key: str) -> int:
+    """The batch id stored under ``key`` (-1: none), read from the bucket's leader (read-after-write)."""
+    try:
+        entry = JetStreamApi(conn).last_message(f"KV_{bucket}", f"$KV.{bucket}.{key}")
+    except StreamNotFoundError:
+        return -1
+    if entry is None or entry.headers.get("KV-Operation") in ("DEL", "PURGE"):
+        return -1
+    try:
+        return int(entry.data)
+    except ValueError:
+        raise JetStreamError(
+            f"KV bucket {bucket!r} holds {entry.data[:40]!r} under {key!r}, not a batch id: the bucket is used "
+            "by something else; set commitBucket to another bucket."
+        ) from None
+
+
+def write_marker(conn: Connection, bucket: str, key: str, batch_id: int) -> None:
+    """Record ``batch_id`` under ``key``: a publish to the bucket's subject, failing unless the stream acks it."""
+    subject = f"$KV.{bucket}.{key}"
+    try:
+        raw = conn.run(conn.request_async(subject, str(batch_id).encode(), conn.api_timeout))
+    except ClusterUnavailableError:
+        raise  # an election that outlasted the deadline: its message says so
+    except ConnectError as exc:
+        raise JetStreamError(
+            f"Cannot record batch {batch_id} in KV bucket {bucket!r} (key {key}): {exc} Was the bucket deleted?"
+        ) from None
+    ack = json.loads(raw)
+    if "error" in ack:
+        raise JetStreamError(
+            f"Cannot record batch {batch_id} in KV bucket {bucket!r} (key {key}): "
+            f"{ack['error'].get('description')} (error {ack['error'].get('err_code')})."
+        )

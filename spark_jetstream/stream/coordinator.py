@@ -1,0 +1,259 @@
+"""The driver side of a streaming query: planning batches and committing them.
+
+One ``Coordinator`` lives in the long-lived driver-side Python process of a query run. It plans
+(limits -> the batch's end; partitions with data -> input partitions read with Direct Get, or
+members with data -> pinned pulls on a stream without Direct Get) and hands every ack to
+``MemberConsumers.acknowledge``, the one place ack floors move: between batches each member's ack
+floor equals the last offset in Spark's commit log. Ownership of the group is ``ownership.GroupClaim``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from spark_jetstream.client.connection import Connection, connect
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.errors import GroupConfigError
+from spark_jetstream.groups.layout import GroupLayout
+from spark_jetstream.groups.resolve import resolve_layout
+from spark_jetstream.read.direct import SeqRange, first_seqs, split
+from spark_jetstream.read.start import check_data_loss, start_after
+from spark_jetstream.stream.config import SourceConfig
+from spark_jetstream.stream.faults import fault_point
+from spark_jetstream.stream.member_consumers import MemberConsumers, check_ack_policy
+from spark_jetstream.stream.offsets import Watermark
+from spark_jetstream.stream.ownership import GroupClaim, describe_this_process
+from spark_jetstream.stream.pins import PinKeeper
+from spark_jetstream.stream.planning import Limits, batch_end
+from spark_jetstream.stream.pull import MemberRange
+
+log = logging.getLogger(__name__)
+
+STREAM_INFO_INTERVAL = 0.1
+"""Seconds between stream-info calls while Spark polls an idle stream (it asks every 10 ms)."""
+
+
+@dataclass(frozen=True)
+class StreamState:
+    """What ``latestOffset`` needs from stream info."""
+
+    first_seq: int
+    last_seq: int
+    messages: int
+    bytes: int
+    retention: str
+
+    @property
+    def average_size(self) -> float:
+        return self.bytes / self.messages if self.messages else 1.0
+
+
+class Coordinator:
+    """Driver-side state of one query run over one group."""
+
+    def __init__(self, config: SourceConfig) -> None:
+        self.config = config
+        self._claim: GroupClaim | None = None  # close() works from here on, whatever fails below
+        self.pins: PinKeeper | None = None
+        self.conn: Connection = connect(config.connection)
+        self.api = JetStreamApi(self.conn)
+        self.source_stream = config.stream
+        self._source_config = self.api.stream_info(config.stream)["config"]  # fails fast on a missing stream
+        self._state: StreamState | None = None
+        self._state_at = 0.0
+        self._available_now_cap: int | None = None
+        self._last_batch_at = time.monotonic()
+        self.owner = describe_this_process()
+        layout = self.resolve_layout()
+        self.stream = layout.stream  # the work stream of an elastic group
+        self.members = MemberConsumers(self.api, layout, config.ack_wait, config.ack_policy, self.owner)
+        check_ack_policy(config.ack_policy, self.state(fresh=True).retention, layout)
+        if self.direct:
+            self.pins = PinKeeper(self.members)  # nothing of the query pulls: it keeps the pins itself
+        else:
+            self._warn_without_direct_get()
+        # Claimed last, once nothing above can refuse the query: a refused query holds nothing.
+        self._claim = GroupClaim(self.conn, self.source_stream, config.group, self.owner)
+        self._claim.claim()
+
+    @property
+    def layout(self) -> GroupLayout:
+        return self.members.layout
+
+    def close(self) -> None:
+        """Give up the pins and the claim on the group (safe on a half-built coordinator, and twice)."""
+        if self.pins is not None:
+            self.pins.stop()
+        if self._claim is not None:
+            self._claim.release()
+
+    # -- stream --------------------------------------------------------------------------------
+
+    def state(self, fresh: bool = False) -> StreamState:
+        """Stream info, at most every ``STREAM_INFO_INTERVAL`` unless ``fresh``."""
+        now = time.monotonic()
+        if fresh or self._state is None or now - self._state_at >= STREAM_INFO_INTERVAL:
+            info = self.api.stream_info(self.stream)
+            state = info["state"]
+            self._state = StreamState(
+                first_seq=state["first_seq"],
+                last_seq=state["last_seq"],
+                messages=state["messages"],
+                bytes=state["bytes"],
+                retention=info["config"].get("retention", "limits"),
+            )
+            self._stream_config = info["config"]
+            self.created = info.get("created", "")
+            self._state_at = now
+        return self._state
+
+    # -- group ---------------------------------------------------------------------------------
+
+    def resolve_layout(self) -> GroupLayout:
+        """The group's layout (``groups.resolve``); an elastic group's work stream is made when missing."""
+        return resolve_layout(
+            self.api, self._source_config, self.config.group, self.config.members, create_work_stream=True
+        )
+
+    def ensure_consumers(self) -> None:
+        self.members.ensure(self.state().retention)
+
+    def _acknowledge(self, committed: Watermark, remade: bool = False) -> None:
+        """Move the floors (``MemberConsumers.acknowledge``); fail first if another client is on a member consumer."""
+        pins, acked = self.pins, self.members.acked_through
+        if pins is not None:
+            pins.raise_error()
+            if acked is not None and (remade or committed.seq > acked):
+                self.conn.run(pins.check())  # before the RESETs clear what another client's pulls left
+        self.members.acknowledge(committed.seq, self.state().retention, remade)
+        if self.pins is not None:
+            self.pins.start()  # the floors are set: a pin's taking delivery can be reset to them
+
+    # -- planning ------------------------------------------------------------------------------
+
+    def watermark(self, seq: int) -> Watermark:
+        return Watermark(self.stream, seq, self.created)
+
+    def initial(self) -> Watermark:
+        """Where a new query starts (no checkpoint yet)."""
+        fault_point("initial")  # a new query, nothing in its checkpoint yet
+        state = self.state(fresh=True)
+        config = self.config
+        return self.watermark(
+            start_after(
+                self.api,
+                self.layout,
+                self.stream,
+                config.starting_position,
+                config.starting_timestamp,
+                state.first_seq,
+                state.last_seq,
+            )
+        )
+
+    def prepare_available_now(self) -> None:
+        self._available_now_cap = self.state(fresh=True).last_seq
+
+    def latest(self, start: Watermark, limits: Limits) -> Watermark:
+        """The end of the next batch after ``start`` (``start`` itself: no batch now)."""
+        if start.seq > 0:
+            fault_point("latest")  # the sink committed the last batch; the source has not acked it yet
+        self._acknowledge(start)  # `start` is in the commit log: the catch-up on an idle stream
+        state = self.state()
+        self._check_data_loss(start, state)
+        now = time.monotonic()
+        limits = Limits(
+            limits.max_rows,
+            limits.max_bytes,
+            limits.min_rows,
+            min_rows_waited_out=now - self._last_batch_at >= self.config.max_trigger_delay,
+        )
+        end = batch_end(start.seq, state.last_seq, limits, state.average_size, self._available_now_cap)
+        if end > start.seq:
+            self._last_batch_at = now
+        return self.watermark(end)
+
+    def _check_data_loss(self, start: Watermark, state: StreamState) -> None:
+        check_data_loss(self.stream, start.seq, state.first_seq, state.last_seq, self.config.fail_on_data_loss)
+
+    def plan(self, start: Watermark, end: Watermark) -> list[SeqRange] | list[MemberRange]:
+        """The batch ``(start, end]``'s reads: one per filter subject with messages in it (Direct Get),
+        or one per member (pulls); membership changes apply here.
+
+        ``start`` is committed (Spark plans batch N after committing N-1), except in the empty
+        range ``partitions(latest, latest)`` that Spark sends on a restart, whose end may belong to
+        a batch that never finished: that call moves nothing.
+        """
+        if end.seq <= start.seq:
+            return []
+        layout = self.resolve_layout()
+        if layout.stream != self.stream:
+            raise GroupConfigError(
+                f"Group {self.config.group!r} now reads stream {layout.stream!r} ({layout.kind}) instead of "
+                f"{self.stream!r}: the checkpoint's offsets belong to the old stream. Start with a new checkpoint."
+            )
+        changed = layout != self.layout
+        self.members.layout = layout
+        if changed and self.members.acked_through is not None:
+            self.ensure_consumers()  # membership changes take effect here, at a batch boundary
+        self._acknowledge(start, remade=changed)
+        if self.pins is None:  # the pin keeper checks the member consumers every second and before floors move
+            self.members.check_unchanged()
+        self._check_data_loss(start, self.state(fresh=True))
+        fault_point("plan")  # the batch is in the offset log; no task has read it
+        layout = self.layout
+        filters = [f for member in layout.member_names for f in layout.filter_subjects(member)] or [">"]
+        if self.direct:
+            template = SeqRange(
+                stream=self.stream,
+                filter="",
+                start=start.seq,
+                end=end.seq,
+                partitioned=layout.partitioned,
+                include_headers=self.config.include_headers,
+                direct_batch=self.config.direct_batch,
+                record_batch_size=self.config.pull.record_batch_size,
+            )
+            return split(template, first_seqs(self.conn, self.stream, filters, start.seq), filters, end.seq - start.seq)
+        return [
+            MemberRange(
+                stream=self.stream,
+                consumer=layout.consumer(member),
+                start=start.seq,
+                end=end.seq,
+                partitioned=layout.partitioned,
+                include_headers=self.config.include_headers,
+            )
+            for member in layout.member_names
+        ]
+
+    def _warn_without_direct_get(self) -> None:
+        """Pulling from a member consumer with several filter subjects is ~6x slower than from one
+        (measured on nats-server 2.15.1): say so once per query, with the fix."""
+        layout = self.layout
+        counts = [(member, len(layout.filter_subjects(member))) for member in layout.member_names]
+        crowded = [(member, count) for member, count in counts if count > 1]
+        if crowded:
+            member, count = crowded[0]
+            log.warning(
+                "Stream %r does not allow Direct Get, so group %r is read by pulling from its member consumers, and "
+                "member %r (%d partitions%s) reads several times slower than a member with one partition. Enable "
+                "Direct Get (`nats stream edit %s --allow-direct`): the query then reads every partition in parallel.",
+                self.stream,
+                layout.group,
+                member,
+                count,
+                f", and {len(crowded) - 1} more members alike" if len(crowded) > 1 else "",
+                self.stream,
+            )
+
+    @property
+    def direct(self) -> bool:
+        """Whether batches are read with Direct Get (the read stream allows it) rather than pulled."""
+        return bool(self._stream_config.get("allow_direct"))
+
+    def commit(self, end: Watermark) -> None:
+        """Spark committed the batch ending at ``end``: the ack on commit."""
+        self._acknowledge(end)

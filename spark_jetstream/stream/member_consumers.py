@@ -1,0 +1,260 @@
+"""A group's member consumers on the driver: made to match the layout, and their ack floors moved.
+
+``MemberConsumers.acknowledge`` is the only code that moves ack floors: it RESETs every member
+consumer to the committed watermark (the ack on commit), and the first time in a query run it
+reconciles floors left behind or ahead by an earlier run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.errors import ApiError, ConsumerNotFoundError, DataLossError, GroupConfigError, OptionError
+from spark_jetstream.groups.layout import GroupLayout
+from spark_jetstream.options import ACK_POLICIES
+from spark_jetstream.read.start import member_infos
+from spark_jetstream.stream.faults import fault_point
+
+log = logging.getLogger(__name__)
+
+OWNER_METADATA_KEY = "spark-jetstream.owner"
+_WORKQUEUE_OVERLAP = (10099, 10100)  # unfiltered or overlapping consumers on a WorkQueue stream
+
+
+def check_ack_policy(ack_policy: str, retention: str, layout: GroupLayout) -> None:
+    """``ackPolicy=none`` makes delivery count as the ack: only a Limits stream then keeps the
+    messages of an uncommitted batch for its replay (on a WorkQueue stream the server refuses
+    such consumers; on an Interest stream it would drop the messages at delivery)."""
+    if ack_policy == "none" and retention != "limits":
+        where = f"stream {layout.stream!r}"
+        if layout.kind == "elastic":
+            where = f"the work stream {layout.stream!r} of elastic group {layout.group!r}"
+        raise OptionError(
+            f"ackPolicy=none needs a stream with Limits retention, but {where} has {retention} retention, "
+            "where a message delivered to an ack-none consumer counts as acked before Spark commits it. "
+            "Remove the ackPolicy option."
+        )
+
+
+class MemberConsumers:
+    """The member consumers of one group on the stream its members read (``layout.stream``)."""
+
+    def __init__(self, api: JetStreamApi, layout: GroupLayout, ack_wait: float, ack_policy: str, owner: str) -> None:
+        self.api = api
+        self.layout = layout
+        self.ack_wait = ack_wait
+        self.ack_policy = ack_policy
+        self.owner = owner
+        self.acked_through: int | None = None  # the watermark every member consumer was last reset to
+        self.lock = asyncio.Lock()  # held while floors move, so another RESET never lands in between
+
+    @property
+    def stream(self) -> str:
+        return self.layout.stream
+
+    def infos(self) -> dict[str, dict[str, Any] | None]:
+        return member_infos(self.api, self.layout)
+
+    # -- making them -----------------------------------------------------------------------------
+
+    def ensure(self, retention: str) -> None:
+        """Make the member consumers match the layout: create, update, and delete those of members
+        that left (only consumers this connector made, or any group consumer in the way on a
+        WorkQueue stream, where two consumers may not share subjects even for a moment)."""
+        layout = self.layout
+        metadata = {OWNER_METADATA_KEY: self.owner}
+        wanted = {layout.consumer(m): layout.filter_subjects(m) for m in layout.member_names}
+        existing = {name: self.api.consumer_info(self.stream, name)["config"] for name in self._group_consumers()}
+        self._check_existing_ack_policy({name: config for name, config in existing.items() if name in wanted})
+        workqueue = retention == "workqueue"
+        stale = [
+            name
+            for name, config in existing.items()
+            if (name not in wanted and OWNER_METADATA_KEY in (config.get("metadata") or {}))
+            or (workqueue and config.get("filter_subjects", [config.get("filter_subject")]) != wanted.get(name))
+        ]
+        if workqueue:  # free the subjects before another member takes them
+            for name in stale:
+                self._delete(name)
+        for member in layout.member_names:
+            config = layout.consumer_config(member, self.ack_wait, metadata, self.ack_policy)
+            try:
+                self.api.create_consumer(self.stream, config)
+            except ApiError as exc:
+                raise self._create_error(layout.consumer(member), exc) from None
+        if not workqueue:  # on other streams the new consumers hold the interest before the old go
+            for name in stale:
+                self._delete(name)
+
+    def check_unchanged(self) -> None:
+        """Raise ``changed_error`` for the member consumers as they are now."""
+        if (error := self.changed_error(self.infos())) is not None:
+            raise error
+
+    def changed_error(self, infos: dict[str, dict[str, Any] | None]) -> GroupConfigError | None:
+        """The error for a member consumer another client deleted or changed since this query made it
+        (``infos``: member -> consumer info): a pcgroups member joining the same group, for one, rewrites
+        ``ack_wait``, ``priority_timeout`` and ``max_ack_pending`` with its own template. Names the
+        fields, old -> new."""
+        metadata = {OWNER_METADATA_KEY: self.owner}
+        for member, info in infos.items():
+            consumer = self.layout.consumer(member)
+            if info is None:
+                return GroupConfigError(
+                    f"Member consumer {consumer!r} on stream {self.stream!r} was deleted by another client while "
+                    "this query reads it: stop that client, or give Spark a group of its own; restarting the query "
+                    "makes the consumer again."
+                )
+            changes = _changes(self.layout.consumer_config(member, self.ack_wait, metadata, self.ack_policy), info)
+            if changes:
+                return GroupConfigError(
+                    f"Member consumer {consumer!r} on stream {self.stream!r} was changed by another client while "
+                    f"this query reads it ({'; '.join(changes)}): stop that client (a pcgroups member or tool that "
+                    f"joins group {self.layout.group!r} rewrites its member consumers), or give Spark a group of "
+                    "its own; restarting the query makes the consumers again."
+                )
+        return None
+
+    def _check_existing_ack_policy(self, existing: dict[str, dict[str, Any]]) -> None:
+        """An ack policy cannot be changed on a consumer: say so before the server refuses the update."""
+        wanted = self.ack_policy
+        other = sorted(name for name, config in existing.items() if config.get("ack_policy") != wanted)
+        if not other:
+            return
+        policy = existing[other[0]].get("ack_policy")
+        remake = (
+            f"delete the member consumers {', '.join(other)} and let the query make them again: it resumes from "
+            "its checkpoint (a new query starts at startingPosition, default earliest)."
+        )
+        if policy not in ACK_POLICIES:  # made by hand with a policy the connector never uses (AckAll)
+            raise GroupConfigError(
+                f"Member consumer {other[0]!r} on stream {self.stream!r} has ack policy {policy!r}, which "
+                f"spark-jetstream does not read with (ackPolicy is one of {', '.join(ACK_POLICIES)}), and a "
+                f"consumer's ack policy cannot change: {remake}"
+            )
+        raise GroupConfigError(
+            f"Member consumer {other[0]!r} on stream {self.stream!r} has ack policy {policy!r}, but this query "
+            f"reads with ackPolicy={wanted}, and a consumer's ack policy cannot change. Set "
+            f".option('ackPolicy', '{policy}'), or {remake}"
+        )
+
+    def _group_consumers(self) -> list[str]:
+        """Consumers on the read stream that belong to this group."""
+        names = self.api.consumer_names(self.stream)
+        if self.layout.kind == "elastic":
+            return names  # the work stream exists for this group alone
+        return [name for name in names if name.startswith(f"{self.layout.group}-")]
+
+    def _delete(self, name: str) -> None:
+        log.info("Deleting consumer %s of group %s: membership changed", name, self.layout.group)
+        with contextlib.suppress(ConsumerNotFoundError):
+            self.api.delete_consumer(self.stream, name)
+
+    def _create_error(self, consumer: str, exc: ApiError) -> GroupConfigError:
+        if exc.err_code in _WORKQUEUE_OVERLAP:
+            others = [name for name in self.api.consumer_names(self.stream) if name != consumer]
+            return GroupConfigError(
+                f"Cannot create member consumer {consumer!r}: stream {self.stream!r} is a WorkQueue stream and "
+                f"another consumer ({', '.join(others) or 'unknown'}) already takes overlapping subjects. Delete "
+                "that consumer, or read the stream through an elastic group."
+            )
+        return GroupConfigError(
+            f"Cannot create or update member consumer {consumer!r} on stream {self.stream!r}: {exc}. If it was "
+            "created by other tooling with an incompatible config, delete it or use another group name."
+        )
+
+    # -- ack floors ------------------------------------------------------------------------------
+
+    def acknowledge(self, committed: int, retention: str, remade: bool = False) -> None:
+        """Spark committed everything up to ``committed``: make every ack floor equal it. The one place
+        ack floors move.
+
+        The first time in a run this reconciles: a consumer behind is moved forward; one ahead
+        (acked data Spark never committed) is an error unless the stream keeps acked messages.
+        ``remade``: the consumers were just made for a new layout, so every floor is set again.
+        """
+        if self.acked_through is None:
+            self._reconcile(committed, retention)
+        elif remade or committed > self.acked_through:
+            self._reset_all(committed, retention)
+
+    def _reset_all(self, seq: int, retention: str) -> None:
+        """Move every member consumer's ack floor to ``seq``.
+
+        On a WorkQueue stream a RESET does not remove the messages it skips (measured on 2.15.1;
+        Interest streams do drop them), so the group's subjects below ``seq + 1`` are purged too.
+        """
+        layout, api = self.layout, self.api
+
+        async def reset() -> None:
+            consumers = [layout.consumer(member) for member in layout.member_names]
+            async with self.lock:
+                await api.reset(self.stream, consumers[0], seq + 1)
+                if seq > 0:
+                    fault_point("commit")  # a crash with only some floors moved
+                # together: a consumer whose leader is being elected holds up the commit once, not per member
+                await asyncio.gather(*(api.reset(self.stream, consumer, seq + 1) for consumer in consumers[1:]))
+                self.acked_through = seq
+            if retention == "workqueue":
+                subjects = [s for m in layout.member_names for s in layout.filter_subjects(m)] or [""]
+                await asyncio.gather(*(api.purge_below(self.stream, seq + 1, s) for s in subjects))
+
+        api.conn.run(reset())
+
+    def _removed_after(self, committed: int, floor: int) -> bool:
+        """Whether a message with ``committed < seq <= floor`` left the stream."""
+        state = self.api.stream_info(self.stream, deleted_details=True)["state"]
+        return state["first_seq"] > committed + 1 or any(committed < s <= floor for s in state.get("deleted") or ())
+
+    def _reconcile(self, committed: int, retention: str) -> None:
+        self.ensure(retention)
+        for member, info in self.infos().items():
+            floor = info["ack_floor"]["stream_seq"] if info else 0
+            # A floor also runs ahead over seqs its filter does not match (other members' messages):
+            # that is harmless while every message above the checkpoint is still there.
+            ahead = floor > committed and retention != "limits"
+            if ahead and self._removed_after(committed, floor):
+                raise DataLossError(
+                    f"Member consumer {self.layout.consumer(member)!r} has acked up to seq {floor}, past the "
+                    f"checkpoint's seq {committed}, and stream {self.stream!r} ({retention} retention) has "
+                    f"removed acked messages: seqs {committed + 1}..{floor} cannot be replayed. Was the group read "
+                    "by another client, or the checkpoint replaced? Start with a new checkpoint to continue from "
+                    "the group's position."
+                )
+            if floor != committed:
+                consumer = self.layout.consumer(member)
+                log.info("Moving %s's ack floor from %d to the checkpoint %d", consumer, floor, committed)
+        self._reset_all(committed, retention)
+
+
+_DURATIONS = ("ack_wait", "priority_timeout")
+
+
+def _changes(wanted: dict[str, Any], info: dict[str, Any]) -> list[str]:
+    """``field old -> new`` for each field of ``wanted`` the consumer's config no longer has."""
+
+    def shown(key: str, value: Any) -> str:
+        if key in _DURATIONS and isinstance(value, int):
+            return f"{value / 1e9:g}s"
+        return "(none)" if value is None else repr(value) if isinstance(value, str) else str(value)
+
+    config = info["config"]
+    changes = []
+    for key, value in wanted.items():
+        if key == "metadata":
+            for name, expected in value.items():
+                found = (config.get("metadata") or {}).get(name)
+                if found != expected:
+                    changes.append(f"metadata {name} {shown(name, expected)} -> {shown(name, found)}")
+        elif key == "filter_subjects":
+            single = config.get("filter_subject")
+            found = config.get("filter_subjects") or ([single] if single else [])
+            if found != value:
+                changes.append(f"filter_subjects {value} -> {found}")
+        elif config.get(key) != value:
+            changes.append(f"{key} {shown(key, value)} -> {shown(key, config.get(key))}")
+    return changes

@@ -1,0 +1,82 @@
+"""The source's offset: one stream-wide watermark sequence.
+
+``{"seq": W, "stream": name}`` means every message of the group with ``seq <= W`` belongs to a
+batch planned at or before this offset. Spark compares offsets as JSON strings and PySpark
+serializes the dict as given, so the keys are always emitted in sorted order.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spark_jetstream.errors import OptionError
+
+
+@dataclass(frozen=True, order=True)
+class Watermark:
+    """A position in one stream: every message with ``seq <= self.seq`` is behind it."""
+
+    stream: str
+    seq: int
+    created: str = ""  # the stream's creation time: a stream deleted and made again is another stream
+
+    def to_offset(self) -> dict[str, Any]:
+        offset: dict[str, Any] = {"created": self.created} if self.created else {}
+        offset.update(seq=self.seq, stream=self.stream)  # sorted keys: Spark compares offsets as JSON text
+        return offset
+
+    @classmethod
+    def from_offset(cls, offset: dict[str, Any], stream: str, created: str = "") -> Watermark:
+        """Parse an offset from the checkpoint; it must belong to ``stream`` as created at ``created``."""
+        try:
+            found, seq = offset["stream"], int(offset["seq"])
+        except (KeyError, TypeError, ValueError):
+            raise OptionError(
+                f"The checkpoint holds an offset this source cannot read ({offset!r}): was it written by "
+                "another source? Use a new checkpoint location."
+            ) from None
+        if found != stream:
+            raise OptionError(
+                f"The checkpoint was written for stream {found!r} but the stream option is {stream!r}: "
+                "use a new checkpoint location for a different stream."
+            )
+        written = offset.get("created", "")
+        if written and created and written != created:
+            raise OptionError(
+                f"Stream {stream!r} was deleted and created again since the checkpoint was written (the checkpoint "
+                f"knows the stream created at {written}, the server has one created at {created}): its sequence "
+                "numbers mean other messages now. Use a new checkpoint location."
+            )
+        return cls(stream, seq, created)
+
+
+def _batch_ids(root: Path, log: str) -> list[int]:
+    return [int(p.name) for p in (root / log).glob("*") if p.name.isdigit()]
+
+
+def _offset(root: Path, batch_id: int, source: int) -> dict[str, Any]:
+    lines = (root / "offsets" / str(batch_id)).read_text().splitlines()
+    return json.loads(lines[2 + source])
+
+
+def committed_offset(checkpoint: str | Path, source: int = 0) -> dict[str, Any] | None:
+    """The offset of ``source`` (its position among the query's sources) in the last batch Spark
+    committed to ``checkpoint``, or None before the first commit.
+
+    Reads Spark's checkpoint layout: ``commits/<id>`` marks batch ``id`` done and ``offsets/<id>``
+    holds a version line, a metadata line, then one JSON offset per source. After the query has
+    planned its next batch (or sat idle), the member consumers' ack floors equal this offset's seq.
+    """
+    root = Path(checkpoint)
+    done = _batch_ids(root, "commits")
+    return _offset(root, max(done), source) if done else None
+
+
+def planned_offset(checkpoint: str | Path, source: int = 0) -> tuple[int, dict[str, Any]] | None:
+    """The id and end offset of the last batch Spark planned (committed or not), or None before the first."""
+    root = Path(checkpoint)
+    planned = _batch_ids(root, "offsets")
+    return (max(planned), _offset(root, max(planned), source)) if planned else None

