@@ -25,8 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CLIENT_ATTRIBUTES = {
     # attribute set by Client.__init__: where the package uses it
     "_ps": "nats_client.RawClient.__init__ swaps in protocol.FastParser (the lean MSG/HMSG parser)",
-    "_subs": "connection.Connection.unsubscribe_raw, ownership.GroupClaim.release (sid -> Subscription)",
-    "_server_info": "nats_client._check_version (the server's version from INFO)",
+    "_subs": "connection.Connection.unsubscribe_raw (sid -> Subscription)",
     "_current_server": "nats_client.RawClient._connect_command, _tls_active (the URL being connected to)",
     "_transport": "nats_client.RawClient._tls_active (is the connection TLS?)",
     "_pending": "publish.Publisher.send (appends whole PUB/HPUB commands to the write buffer)",
@@ -87,7 +86,7 @@ SOURCE_FACTS = [
         Subscription.__init__,
         "self._id = id",
         "a subscription's sid is its _id, the key of Client._subs and of the raw handlers",
-        "connection.Connection.subscribe_raw, ownership.GroupClaim.claim",
+        "connection.Connection.subscribe_raw",
     ),
     (
         TcpTransport.connect_tls,
@@ -151,9 +150,11 @@ def test_the_raw_client_keeps_its_parser():
 
 
 def test_internals_of_a_connected_client(conn):
-    """What exists only once connected: the server's INFO, the flusher's queue, the TCP writer, sids."""
+    """What exists only once connected: the server's version (public, but set only by the connect), the
+    flusher's queue, the TCP writer, sids."""
     client = conn.client
-    assert client._server_info.get("version")
+    version = client.connected_server_version
+    assert (version.major, version.minor) >= (2, 15), version
     assert client._flush_queue is not None
     assert client._transport._io_writer is not None
     _, sid = conn.run(conn.subscribe_raw(lambda *_: None))

@@ -253,21 +253,18 @@ async def _abandon(client: RawClient) -> None:
         log.debug("closing a failed connection attempt failed", exc_info=True)
 
 
-def parse_version(text: str) -> tuple[int, int, int]:
-    match = re.match(r"^v?(\d+)\.(\d+)\.(\d+)", text or "")
-    if not match:
-        return (0, 0, 0)
-    major, minor, patch = (int(g) for g in match.groups())
-    return (major, minor, patch)
-
-
 def _check_version(client: RawClient, options: ConnectionOptions) -> None:
-    version = client._server_info.get("version", "")
-    if parse_version(version) < MIN_SERVER_VERSION:
+    try:
+        version = client.connected_server_version  # from the server's INFO
+        found = (version.major, version.minor, version.patch)
+        shown = ".".join(map(str, found)) + (f"-{version.dev}" if version.dev else "")
+    except ValueError:  # not a semantic version
+        found, shown = (0, 0, 0), "unknown"
+    if found < MIN_SERVER_VERSION:
         needed = ".".join(map(str, MIN_SERVER_VERSION))
         url = client.connected_url
         where = f"{url.hostname}:{url.port}" if url else options.shown_servers
         raise ServerTooOldError(
-            f"The NATS server at {where} runs version {version or 'unknown'}, but spark-jetstream needs "
+            f"The NATS server at {where} runs version {shown}, but spark-jetstream needs "
             f"nats-server {needed} or newer (priority groups and consumer RESET): upgrade the server."
         )

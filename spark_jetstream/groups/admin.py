@@ -10,12 +10,11 @@ from __future__ import annotations
 import contextlib
 import json
 from dataclasses import dataclass
-from typing import Any
 
-from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import KeyWrongLastSequenceError
 
 from spark_jetstream.client.jsapi import PRIORITY_GROUP, JetStreamApi
+from spark_jetstream.client.kv import key_value
 from spark_jetstream.errors import ConsumerNotFoundError, GroupConfigError, StreamNotFoundError
 from spark_jetstream.groups.layout import (
     ELASTIC_BUCKET,
@@ -34,16 +33,6 @@ from spark_jetstream.groups.resolve import (
 )
 
 
-async def _bucket(api: JetStreamApi, bucket: str, create: bool, replicas: int = 1) -> Any:
-    js = api.conn.client.jetstream(domain=api.conn.options.domain)
-    try:
-        return await js.key_value(bucket)
-    except (BucketNotFoundError, NotFoundError):
-        if not create:
-            return None
-        return await js.create_key_value(KeyValueConfig(bucket=bucket, replicas=replicas, storage=StorageType.FILE))
-
-
 def load_group(api: JetStreamApi, stream: str, group: str) -> tuple[GroupConfig, int]:
     """The group's config and its KV revision; ``GroupConfigError`` when there is none."""
     found = find_group(api, stream, group)
@@ -60,7 +49,7 @@ def create_group(api: JetStreamApi, stream: str, group: str, config: GroupConfig
         check_static_stream(source, group, config.max_members)
 
     async def store() -> None:
-        kv = await _bucket(api, config.bucket, create=True, replicas=source.get("num_replicas", 1))
+        kv = await key_value(api, config.bucket, create=True, replicas=source.get("num_replicas", 1))
         try:
             await kv.create(group_key(stream, group), json.dumps(config.to_json()).encode())
         except KeyWrongLastSequenceError:
@@ -82,8 +71,9 @@ def delete_group(api: JetStreamApi, stream: str, group: str) -> None:
     config, _ = load_group(api, stream, group)
 
     async def forget() -> None:
-        kv = await _bucket(api, config.bucket, create=False)
-        await kv.delete(group_key(stream, group))
+        kv = await key_value(api, config.bucket, create=False)
+        if kv is not None:  # the config was just read from it
+            await kv.delete(group_key(stream, group))
 
     api.conn.run(forget())
     if config.kind == "elastic":
@@ -121,7 +111,8 @@ def change_members(
     changed.validate(f"new config of group {group_key(stream, group)}")
 
     async def update() -> None:
-        kv = await _bucket(api, ELASTIC_BUCKET, create=False)
+        kv = await key_value(api, ELASTIC_BUCKET, create=False)
+        assert kv is not None, "the config was just read from it"
         try:
             await kv.update(group_key(stream, group), json.dumps(changed.to_json()).encode(), last=revision)
         except KeyWrongLastSequenceError:

@@ -323,6 +323,12 @@ class GroupLayout:
     def filter_subjects(self, member: str) -> list[str]:
         return list(self.member(member).filter_subjects)
 
+    @property
+    def read_filters(self) -> list[str]:
+        """What a read of the whole group covers: every member's filters (``">"`` for a layout without members'
+        filters, the whole stream)."""
+        return [f for member in self.members for f in member.filter_subjects] or [">"]
+
     def consumer_config(
         self, member: str, ack_wait: float, metadata: dict[str, str], ack_policy: str
     ) -> dict[str, Any]:

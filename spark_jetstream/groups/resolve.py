@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.client.kv import get_entry
 from spark_jetstream.errors import GroupConfigError, StreamNotFoundError
 from spark_jetstream.groups.layout import (
     ELASTIC_BUCKET,
@@ -38,13 +39,9 @@ def find_group(api: JetStreamApi, stream: str, group: str) -> tuple[GroupConfig,
     """
     key = group_key(stream, group)
     for bucket, kind in ((STATIC_BUCKET, "static"), (ELASTIC_BUCKET, "elastic")):
-        try:
-            entry = api.last_message(f"KV_{bucket}", f"$KV.{bucket}.{key}")
-        except StreamNotFoundError:  # no such bucket
-            continue
-        if entry is None or entry.headers.get("KV-Operation") in ("DEL", "PURGE"):
-            continue
-        return GroupConfig.from_json(kind, entry.data, f"group config {key} in KV bucket {bucket}"), entry.seq
+        entry = get_entry(api, bucket, key)
+        if entry is not None:
+            return GroupConfig.from_json(kind, entry.data, f"group config {key} in KV bucket {bucket}"), entry.seq
     return None
 
 

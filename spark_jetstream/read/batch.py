@@ -23,7 +23,7 @@ import pyarrow as pa
 from spark_jetstream.client.connection import Connection, ConnectionOptions, connect
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import OptionError, ReaderError
-from spark_jetstream.groups.layout import transform_partitions
+from spark_jetstream.groups.layout import partition_filters, transform_partitions
 from spark_jetstream.groups.resolve import resolve_layout
 from spark_jetstream.options import BATCH, config_values, connection_options, default_of, parse_options
 from spark_jetstream.read.direct import RangePartition, SeqRange, first_seqs, read_range, split
@@ -122,11 +122,11 @@ def plan(conn: Connection, config: BatchConfig) -> list[SeqRange]:
         return []
     if layout is not None:
         partitioned = layout.partitioned
-        filters = [f for member in layout.members for f in member.filter_subjects] or [">"]
+        filters = layout.read_filters
     else:
         count = _partitions_of(info["config"])
         partitioned = count is not None
-        filters = [f"{p}.>" for p in range(count)] if count is not None else [">"]
+        filters = partition_filters(range(count)) if count is not None else [">"]
     template = SeqRange(
         stream=stream,
         filter="",

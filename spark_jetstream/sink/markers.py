@@ -11,9 +11,8 @@ import threading
 
 from spark_jetstream.client.connection import Connection, ConnectionOptions
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.errors import ApiError, ClusterUnavailableError, ConnectError, JetStreamError, StreamNotFoundError
-
-STREAM_NAME_EXISTS = 10058
+from spark_jetstream.client.kv import get_entry, key_value
+from spark_jetstream.errors import ClusterUnavailableError, ConnectError, JetStreamError
 
 _ensured: set[tuple[ConnectionOptions, str]] = set()
 _ensured_lock = threading.Lock()
@@ -24,39 +23,18 @@ def ensure_bucket(conn: Connection, bucket: str, replicas: int) -> None:
     with _ensured_lock:
         if (conn.options, bucket) in _ensured:
             return
-    api = JetStreamApi(conn)
-    try:
-        api.stream_info(f"KV_{bucket}")
-    except StreamNotFoundError:
-        config = {
-            "name": f"KV_{bucket}",
-            "subjects": [f"$KV.{bucket}.>"],
-            "max_msgs_per_subject": 1,
-            "discard": "new",
-            "allow_rollup_hdrs": True,
-            "deny_delete": True,
-            "allow_direct": True,
-            "num_replicas": replicas,
-            "storage": "file",
-            "duplicate_window": 120 * 1_000_000_000,
-            "description": "spark-jetstream: the last committed batch of each streaming query",
-        }
-        try:
-            api.create_stream(config)
-        except ApiError as exc:
-            if exc.err_code != STREAM_NAME_EXISTS:  # another process created it meanwhile
-                raise
+    description = "spark-jetstream: the last committed batch of each streaming query"
+    conn.run(
+        key_value(JetStreamApi(conn), bucket, create=True, replicas=replicas, description=description, direct=True)
+    )
     with _ensured_lock:
         _ensured.add((conn.options, bucket))
 
 
 def read_marker(conn: Connection, bucket: str, key: str) -> int:
     """The batch id stored under ``key`` (-1: none), read from the bucket's leader (read-after-write)."""
-    try:
-        entry = JetStreamApi(conn).last_message(f"KV_{bucket}", f"$KV.{bucket}.{key}")
-    except StreamNotFoundError:
-        return -1
-    if entry is None or entry.headers.get("KV-Operation") in ("DEL", "PURGE"):
+    entry = get_entry(JetStreamApi(conn), bucket, key)
+    if entry is None:
         return -1
     try:
         return int(entry.data)

@@ -204,7 +204,7 @@ class Coordinator:
         self._check_data_loss(start, self.state(fresh=True))
         fault_point("plan")  # the batch is in the offset log; no task has read it
         layout = self.layout
-        filters = [f for member in layout.member_names for f in layout.filter_subjects(member)] or [">"]
+        filters = layout.read_filters
         if self.direct:
             template = SeqRange(
                 stream=self.stream,

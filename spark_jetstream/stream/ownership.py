@@ -10,13 +10,16 @@ from __future__ import annotations
 import os
 import socket
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from spark_jetstream.client.connection import Connection
 from spark_jetstream.errors import GroupConfigError
+
+if TYPE_CHECKING:
+    from nats.aio.subscription import Subscription
 
 _PERMISSIONS = "permissions violation"
 _ASK_TIMEOUT = 0.5
@@ -42,7 +45,7 @@ class GroupClaim:
         self.stream = stream
         self.group = group
         self.owner = owner
-        self._sid: int | None = None
+        self._responder: Subscription | None = None
 
     def claim(self) -> None:
         """Refuse while another live query reads the group; then answer for it ourselves.
@@ -55,7 +58,7 @@ class GroupClaim:
         subject = owner_subject(self.stream, self.group)
         client = self.conn.client
 
-        async def claim() -> tuple[int | None, str]:
+        async def claim() -> tuple[Subscription | None, str]:
             try:
                 reply = await client.request(subject, b"", timeout=_ASK_TIMEOUT)
             except NoRespondersError:
@@ -80,15 +83,15 @@ class GroupClaim:
                     f"This query's owner responder on {subject} does not answer, so another query could not tell "
                     f"that it reads group {self.group!r}: check the NATS user's permissions on that subject."
                 ) from None
-            return sub._id, ""
+            return sub, ""
 
-        sid, other = self.conn.run(claim())
-        if sid is None:
+        responder, other = self.conn.run(claim())
+        if responder is None:
             raise GroupConfigError(
                 f"Group {self.group!r} on stream {self.stream!r} is already read by a running query ({other}): stop "
                 "that query first; two queries on one group would steal each other's messages."
             )
-        self._sid = sid
+        self._responder = responder
 
     def _check_permission(self, subject: str) -> None:
         """Raise when the server refused this connection a publish or subscribe on ``subject``."""
@@ -103,9 +106,6 @@ class GroupClaim:
             )
 
     def release(self) -> None:
-        if self._sid is None:
-            return
-        sid, self._sid = self._sid, None
-        sub = self.conn.client._subs.get(sid)
-        if sub is not None:
-            self.conn.run(sub.unsubscribe(), timeout=5)
+        responder, self._responder = self._responder, None
+        if responder is not None and not self.conn.client.is_closed:
+            self.conn.run(responder.unsubscribe(), timeout=5)
