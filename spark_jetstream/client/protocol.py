@@ -116,6 +116,9 @@ def wire(sid: int, subject: bytes, reply: bytes, payload: bytes, headers: bytes 
     return b"HMSG %b %d %b%d %d\r\n%b%b\r\n" % (subject, sid, reply_field, size, size + len(payload), headers, payload)
 
 
+HEADER_START = b"NATS/1.0\r\n"
+"""The first line of a header block without a status (what a publish with headers sends)."""
+
 STATUS_PREFIX = b"NATS/1.0 "
 """How a status message's header block starts (``NATS/1.0 408 Request Timeout``); a plain block has no space."""
 

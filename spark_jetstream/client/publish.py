@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from spark_jetstream.client.connection import Connection
-from spark_jetstream.client.protocol import STATUS_PREFIX, BulkHandler, run_pattern, status_line
+from spark_jetstream.client.protocol import HEADER_START, STATUS_PREFIX, BulkHandler, run_pattern, status_line
 from spark_jetstream.errors import JetStreamError
 
 Message = tuple[str, bytes, dict[str, str] | None]
@@ -78,7 +78,7 @@ def header_lines(headers: Mapping[str, HeaderValue] | Iterable[tuple[str, Header
 
 def header_block(headers: Mapping[str, HeaderValue] | Iterable[tuple[str, HeaderValue]]) -> bytes:
     """A whole NATS header block (see ``header_lines``)."""
-    return b"NATS/1.0\r\n" + header_lines(headers) + b"\r\n"
+    return HEADER_START + header_lines(headers) + b"\r\n"
 
 
 def command(subject: bytes, reply: bytes, payload: bytes, headers: bytes | None) -> bytes:

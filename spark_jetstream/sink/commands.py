@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jetstream.client.connection import Connection
+from spark_jetstream.client.protocol import HEADER_START
 from spark_jetstream.client.publish import EXPECTED_STREAM_HEADER, MSG_ID_HEADER, Publisher, PublishError, header_lines
 from spark_jetstream.options import SUBJECT_PATTERN
 
@@ -126,7 +127,7 @@ class Commands:
             parts.append(line.fill_null(_EMPTY))
         if self.expected_line is not None:
             parts.append(self.expected_line)
-        return [b"NATS/1.0\r\n", *parts, b"\r\n"] if parts else None
+        return [HEADER_START, *parts, b"\r\n"] if parts else None
 
     def build(self, rows: pa.RecordBatch, first: int, reply_prefix: bytes) -> pa.Array:
         """The commands of ``rows`` (the task's rows ``first``.., reply tokens the same) as one array."""
