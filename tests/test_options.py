@@ -9,7 +9,9 @@ import pytest
 from spark_jetstream.client.connection import ConnectionOptions
 from spark_jetstream.errors import OptionError
 from spark_jetstream.options import (
+    BATCH,
     CONNECTION_OPTIONS,
+    LOAD,
     PULL_OPTIONS,
     READER_OPTIONS,
     parse_connection_options,
@@ -124,6 +126,14 @@ def test_a_password_in_a_server_url_is_never_shown():
     options = parse_connection_options({"servers": "nats://alice:pw-URL-1@h:4222,nats://tok-URL-2@h2"})
     assert repr(options).startswith("ConnectionOptions(servers=('nats://alice:***@h:4222', 'nats://***@h2:4222'), ")
     assert options.describe_auth() == "user/password in the servers URL, token in the servers URL"
+
+
+@pytest.mark.parametrize("mode", [BATCH, LOAD])
+def test_starting_at_the_group_needs_a_group(mode):
+    raw = {"servers": "nats://127.0.0.1:1", "stream": "S", "startingPosition": "group"}
+    with pytest.raises(OptionError, match=r"^startingPosition=group needs the group option: whose ack floor"):
+        parse_options(raw, mode)
+    assert parse_options({**raw, "group": "g"}, mode)["startingPosition"] == "group"
 
 
 @pytest.mark.parametrize(

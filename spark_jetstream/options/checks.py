@@ -76,6 +76,8 @@ def _check_combinations(values: dict[str, Any], given: set[str]) -> None:
     for first, second in _EXCLUSIVE:
         if first.lower() in given and second.lower() in given:
             raise OptionError(f"Set {first} or {second}, not both.")
+    if values.get("startingPosition") == "group" and "group" in values and not values["group"]:
+        raise OptionError("startingPosition=group needs the group option: whose ack floor would it start at?")
     start, end = values.get("startingPosition"), values.get("endingPosition")
     if isinstance(start, int) and isinstance(end, int) and end < start:
         raise OptionError(

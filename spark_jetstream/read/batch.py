@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from spark_jetstream.client.connection import Connection, ConnectionOptions, connect
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.errors import OptionError, ReaderError
+from spark_jetstream.errors import ReaderError
 from spark_jetstream.groups.layout import partition_filters, transform_partitions
 from spark_jetstream.groups.resolve import resolve_layout
 from spark_jetstream.options import BATCH, config_values, connection_options, default_of, parse_options
@@ -57,8 +57,6 @@ class BatchConfig:
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> BatchConfig:
         values = parse_options(raw, BATCH)
-        if values["startingPosition"] == "group" and not values["group"]:
-            raise OptionError("startingPosition=group needs the group option: whose ack floor would it start at?")
         return cls(connection=connection_options(values), **config_values(cls, values))
 
 
