@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
-import pyarrow as pa
+import subprocess
+import sys
+from pathlib import Path
 
-from spark_jetstream.read.rows import RowBuffer, arrow_schema, parse_headers, spark_schema_ddl
+import pyarrow as pa
+import pytest
+
+from spark_jetstream.read.rows import (
+    HEADERS_TYPE,
+    RowBuffer,
+    arrow_schema,
+    headers_array,
+    parse_headers,
+    spark_schema_ddl,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_schema_matches_spark_ddl():
@@ -47,3 +61,42 @@ def test_unpartitioned_streams_keep_the_subject():
     assert batch.schema == arrow_schema(False)
     assert batch.column("subject").to_pylist() == ["1.orders.a.b", "12.orders.c"]
     assert batch.column("partition").null_count == 2
+
+
+def test_headers_column_equals_pyarrows_own_conversion():
+    blocks = [
+        b"NATS/1.0\r\nA: 1\r\nNats-Pin-Id: xyz\r\nb: \r\nA:  2\r\nUnicode: h\xc3\xa9\r\n\r\n",
+        None,
+        b"NATS/1.0\r\nNats-Pin-Id: xyz\r\n\r\n",
+        b"NATS/1.0\r\nbad: \xff\r\n\r\n",
+    ]
+    built = headers_array(blocks)
+    assert built.type == HEADERS_TYPE
+    assert built.equals(pa.array([parse_headers(block) for block in blocks], HEADERS_TYPE))
+    assert headers_array([]).equals(pa.array([], HEADERS_TYPE))
+
+
+def test_an_empty_buffer_makes_an_empty_batch():
+    for partitioned in (True, False):
+        batch = RowBuffer().to_record_batch("S", partitioned=partitioned, include_headers=True)
+        assert batch.num_rows == 0 and batch.schema == arrow_schema(True)
+
+
+@pytest.mark.slow  # starts a Python process
+def test_building_a_batch_imports_no_pandas():
+    """pa.array and pa.scalar import pandas (~0.2 s) on first use: a fresh executor worker would pay it
+    on the way to the first batch."""
+    probe = (
+        "import sys\n"
+        "from spark_jetstream.read.rows import RowBuffer, binary_array\n"
+        "rows = RowBuffer()\n"
+        "rows.subjects, rows.data, rows.seqs = [b'1.a'], [b'x'], [7]\n"
+        "rows.headers = [b'NATS/1.0\\r\\nk: v\\r\\n\\r\\n']\n"
+        "rows.times = [1_700_000_000_000_000_000]\n"
+        "rows.to_record_batch('S', True, True)\n"
+        "import pyarrow as pa\n"  # a Direct Get read's timestamps
+        "binary_array([b'2026-01-01T00:00:00Z']).cast(pa.string()).cast(pa.timestamp('ns', tz='UTC'))\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False", result.stderr

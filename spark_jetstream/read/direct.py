@@ -27,7 +27,7 @@ from spark_jetstream.client.jsapi import NO_MESSAGE_FOUND, JetStreamApi
 from spark_jetstream.client.protocol import STATUS_PREFIX, status_line
 from spark_jetstream.errors import ApiError, ClusterUnavailableError, ReaderError
 from spark_jetstream.options import default_of
-from spark_jetstream.read.rows import RowBuffer
+from spark_jetstream.read.rows import RowBuffer, binary_array
 from spark_jetstream.spark_compat import InputPartition
 
 log = logging.getLogger(__name__)
@@ -89,8 +89,8 @@ def read_range(conn: Connection, seq_range: SeqRange) -> Iterator[pa.RecordBatch
     try:
         conn.run(reader.open())
         while (rows := conn.run(reader.next_rows())) is not None:
-            stamps = pa.array(rows.times, pa.binary()).cast(pa.string()).cast(pa.timestamp("ns", tz="UTC"))
-            rows.times = stamps  # type: ignore[assignment]  # RowBuffer takes any array of ns timestamps
+            stamps = binary_array(rows.times).cast(pa.string()).cast(pa.timestamp("ns", tz="UTC"))  # type: ignore[arg-type]
+            rows.times = stamps
             yield rows.to_record_batch(seq_range.stream, seq_range.partitioned, seq_range.include_headers)
     finally:
         conn.run(reader.close(), timeout=10)

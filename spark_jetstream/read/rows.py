@@ -3,9 +3,18 @@
 Messages are collected as raw bytes in plain lists (cheap on the hot path) and turned into
 Arrow columns in one step per batch. Spark requires the first batch's schema to equal the
 declared one exactly: ``string``/``binary`` (not ``large_*``) and ``timestamp[us, UTC]``.
+
+Columns are built from their buffers, not with ``pa.array``/``pa.scalar``: those import pandas the
+first time they see a Python object (measured with pyarrow 22: ~0.2 s, in every fresh executor
+worker, on the way to the first batch).
 """
 
 from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from functools import cache
+from itertools import accumulate
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,6 +45,7 @@ INTERNAL_HEADERS = frozenset({"Nats-Pin-Id"})
 """Headers the server adds on delivery; they are not part of the stored message."""
 
 
+@cache
 def arrow_schema(include_headers: bool) -> pa.Schema:
     """The row schema; ``headers`` is the last column, present only with ``includeHeaders``."""
     fields = list(_BASE_FIELDS)
@@ -63,6 +73,66 @@ def parse_headers(block: bytes | None) -> list[tuple[str, list[str]]]:
     return list(grouped.items())
 
 
+_MAX_OFFSET = 2**31 - 1  # 32-bit offsets of ``string``/``binary``
+
+
+def binary_array(values: Sequence[bytes]) -> pa.Array:
+    """``pa.array(values, pa.binary())``, built from its buffers (``.cast(pa.string())`` checks UTF-8)."""
+    offsets = array("i", [0])
+    ends = list(accumulate(map(len, values)))
+    if ends and ends[-1] > _MAX_OFFSET:  # more than 32-bit offsets can hold: pa.array's own handling
+        return pa.array(values, pa.binary())
+    offsets.extend(ends)
+    return pa.Array.from_buffers(
+        pa.binary(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(values))]
+    )
+
+
+def _index(i: int) -> pa.Scalar:
+    """An int32 scalar for ``pc.list_element`` (a Python int there goes through ``pa.scalar``)."""
+    return pa.Array.from_buffers(pa.int32(), 1, [None, pa.py_buffer(array("i", [i]))])[0]
+
+
+_FIRST, _SECOND = _index(0), _index(1)
+
+
+def int64_array(values: Sequence[int], type_: pa.DataType | None = None) -> pa.Array:
+    """``pa.array(values, type_)`` for a 64-bit type (``int64``, ``timestamp``), built from its buffer."""
+    return pa.Array.from_buffers(type_ or pa.int64(), len(values), [None, pa.py_buffer(array("q", values))])
+
+
+def repeated_string(value: str, n: int) -> pa.Array:
+    """``value`` ``n`` times as a ``string`` array."""
+    data = value.encode()
+    if n * len(data) > _MAX_OFFSET:
+        return pa.array([value] * n, pa.string())
+    offsets = array("i", range(0, (n + 1) * len(data), len(data))) if data else array("i", bytes(4 * (n + 1)))
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data * n)])
+
+
+def headers_array(blocks: Sequence[bytes | None]) -> pa.Array:
+    """``pa.array([parse_headers(b) for b in blocks], HEADERS_TYPE)``, built from its parts."""
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    map_ends: list[int] = []
+    value_ends: list[int] = []
+    for block in blocks:
+        for key, found in parse_headers(block):
+            keys.append(key.encode())
+            values.extend(value.encode() for value in found)
+            value_ends.append(len(values))
+        map_ends.append(len(keys))
+    lists = pa.ListArray.from_arrays(_offsets(value_ends), binary_array(values).cast(pa.string()))
+    return pa.MapArray.from_arrays(_offsets(map_ends), binary_array(keys).cast(pa.string()), lists)
+
+
+def _offsets(ends: list[int]) -> pa.Array:
+    """An int32 offsets array: 0, then ``ends``."""
+    offsets = array("i", [0])
+    offsets.extend(ends)
+    return pa.Array.from_buffers(pa.int32(), len(offsets), [None, pa.py_buffer(offsets)])
+
+
 class RowBuffer:
     """Columns of messages being collected for one record batch."""
 
@@ -73,7 +143,7 @@ class RowBuffer:
         self.subjects: list[bytes] = []
         self.data: list[bytes] = []
         self.seqs: list[int] = []
-        self.times: list[int] = []
+        self.times: list[int] | pa.Array = []  # ns since the epoch (a direct read sets an array)
         self.headers: list[bytes | None] = []
 
     def __len__(self) -> int:
@@ -82,21 +152,24 @@ class RowBuffer:
     def to_record_batch(self, stream: str, partitioned: bool, include_headers: bool) -> pa.RecordBatch:
         """Build the batch; on a partitioned stream the leading partition token moves to its column."""
         n = len(self.seqs)
-        subjects = pa.array(self.subjects, pa.binary()).cast(pa.string())
+        times = self.times
+        if not isinstance(times, pa.Array):
+            times = int64_array(times, pa.timestamp("ns", tz="UTC"))
+        subjects = binary_array(self.subjects).cast(pa.string())
         if partitioned:
             parts = pc.split_pattern(subjects, ".", max_splits=1)
-            partition = pc.list_element(parts, 0).cast(pa.int32())
-            subjects = pc.list_element(parts, 1)
+            partition = pc.list_element(parts, _FIRST).cast(pa.int32())
+            subjects = pc.list_element(parts, _SECOND)
         else:
             partition = pa.nulls(n, pa.int32())
         columns = [
             subjects,
-            pa.array(self.data, pa.binary()),
-            pa.repeat(pa.scalar(stream, pa.string()), n),
-            pa.array(self.seqs, pa.int64()),
-            pa.array(self.times, pa.timestamp("ns", tz="UTC")).cast(pa.timestamp("us", tz="UTC"), safe=False),
+            binary_array(self.data),
+            repeated_string(stream, n),
+            int64_array(self.seqs),
+            times.cast(pa.timestamp("us", tz="UTC"), safe=False),
             partition,
         ]
         if include_headers:
-            columns.append(pa.array([parse_headers(h) for h in self.headers], HEADERS_TYPE))
+            columns.append(headers_array(self.headers))
         return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(include_headers))
