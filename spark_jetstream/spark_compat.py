@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from typing import Any
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from spark_jetstream.errors import SparkVersionError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 MINIMUM = (4, 0)
 SPARK_EXTRA = "pip install 'spark-jetstream[spark]'"
@@ -103,6 +104,8 @@ def read_limit(max_rows: int | None, max_bytes: int | None, min_rows: int | None
 
 def record_batches(items: Iterable[Any], schema: pa.Schema, size: int = 10_000) -> Iterator[pa.RecordBatch]:
     """The writer's input as Arrow batches: PySpark >= 4.1 passes them through, 4.0 passes rows."""
+    import pyarrow as pa  # not at module level: a data source lookup imports this module, and needs no pyarrow
+
     rows: list[Any] = []
     for item in items:
         if isinstance(item, pa.RecordBatch):
@@ -117,6 +120,8 @@ def record_batches(items: Iterable[Any], schema: pa.Schema, size: int = 10_000) 
 
 
 def _batch(rows: list[Any], schema: pa.Schema) -> pa.RecordBatch:
+    import pyarrow as pa
+
     columns = zip(*rows, strict=True)
     arrays = [pa.array(values, type=field.type) for values, field in zip(columns, schema, strict=True)]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)

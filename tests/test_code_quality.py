@@ -90,3 +90,21 @@ def test_importing_the_connection_loads_no_spark():
     )
     result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", result.stdout
+
+
+@pytest.mark.slow  # starts a Python process
+def test_looking_the_source_up_and_planning_import_no_client():
+    """Spark imports the source module in every Python process it starts for a query (the look-up and
+    schema at load(), the driver-side reader, the planner, each task), most of them fresh, before the
+    first batch: they import the NATS client, the coordinator and pyarrow only when they use them."""
+    probe = (
+        "import pickle, sys\n"
+        "import pyspark_jetstream\n"
+        "source = pyspark_jetstream.DefaultSource({'servers': 'nats://localhost:4222', 'stream': 'S', 'group': 'g'})\n"
+        "source.schema()\n"
+        "reader = pickle.loads(pickle.dumps(source.streamReader(None)))\n"
+        "heavy = ('nats', 'pyarrow', 'spark_jetstream.client.connection', 'spark_jetstream.stream.coordinator')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]", result.stdout + result.stderr

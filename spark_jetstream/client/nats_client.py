@@ -16,7 +16,6 @@ import ssl
 from pathlib import Path
 from typing import Any
 
-import nkeys
 from nats.aio.client import Client as _NatsClient
 from nats.errors import AuthorizationError
 from nats.errors import Error as NatsError
@@ -111,6 +110,8 @@ _CREDS_BLOCK = re.compile(r"-{3,}\s*BEGIN ([A-Z ]+?)\s*-{3,}\s*\n\s*(\S+)")
 
 
 def _is_seed(text: str | None) -> bool:
+    import nkeys  # not at module level: only creds and nkey users need it (~5 ms)
+
     try:
         return text is not None and nkeys.from_seed(bytearray(text.encode())) is not None
     except Exception:  # nkeys raises its own errors and binascii's for malformed base32
@@ -173,7 +174,9 @@ def explain_failure(errors: list[BaseException], options: ConnectionOptions) -> 
         )
     if (handshake := first(ssl.SSLError, ssl.CertificateError)) is not None:
         return f"TLS handshake with {servers} failed: check tls.ca, tls.cert and tls.key ({detail(handshake)})."
-    if (key := first(nkeys.NkeysError)) is not None:
+    from nkeys import NkeysError
+
+    if (key := first(NkeysError)) is not None:
         return f"The nkey seed of the creds or nkey option is not valid ({detail(key)}): check that option."
     if first(ConnectionRefusedError) is not None:
         return (

@@ -26,7 +26,7 @@ from spark_jetstream.errors import ReaderError
 from spark_jetstream.groups.layout import partition_filters, transform_partitions
 from spark_jetstream.groups.resolve import resolve_layout
 from spark_jetstream.options import BATCH, config_values, connection_options, default_of, parse_options
-from spark_jetstream.read.direct import RangePartition, SeqRange, first_seqs, read_range, split
+from spark_jetstream.read.direct import SeqRange, first_seqs, read_range, split
 from spark_jetstream.read.start import check_data_loss, seq_at, start_after
 from spark_jetstream.spark_compat import DataSourceReader, InputPartition
 
@@ -67,12 +67,13 @@ class JetStreamBatchReader(DataSourceReader):
         self.config = config
 
     def partitions(self) -> list[InputPartition]:
-        return [RangePartition(r) for r in plan(connect(self.config.connection), self.config)]
+        return [InputPartition(r) for r in plan(connect(self.config.connection), self.config)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if not isinstance(partition, RangePartition):
+        seq_range = getattr(partition, "value", None)
+        if not isinstance(seq_range, SeqRange):
             return  # an empty plan: Spark still runs one task, with a placeholder partition
-        yield from read_range(connect(self.config.connection), partition.range)
+        yield from read_range(connect(self.config.connection), seq_range)
 
 
 # -- planning (driver) ---------------------------------------------------------------------------

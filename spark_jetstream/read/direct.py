@@ -28,7 +28,6 @@ from spark_jetstream.client.protocol import STATUS_PREFIX, status_line
 from spark_jetstream.errors import ApiError, ClusterUnavailableError, ReaderError
 from spark_jetstream.options import default_of
 from spark_jetstream.read.rows import RowBuffer, binary_array
-from spark_jetstream.spark_compat import InputPartition
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +47,6 @@ class SeqRange:
     include_headers: bool = False
     direct_batch: int = default_of("directGetBatch")
     record_batch_size: int = default_of("recordBatchSize")
-
-
-class RangePartition(InputPartition):
-    """One Spark input partition read with Direct Get: one filter subject's seq range."""
-
-    def __init__(self, seq_range: SeqRange) -> None:
-        super().__init__(seq_range)
-        self.range = seq_range
 
 
 def first_seqs(conn: Connection, stream: str, filters: Sequence[str], after: int) -> list[int | None]:

@@ -1,4 +1,4 @@
-"""The row schema and building Arrow record batches from pulled messages.
+"""The row schema in Arrow types and building Arrow record batches from read messages.
 
 Messages are collected as raw bytes in plain lists (cheap on the hot path) and turned into
 Arrow columns in one step per batch. Spark requires the first batch's schema to equal the
@@ -17,28 +17,21 @@ from functools import cache
 from itertools import accumulate
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from spark_jetstream.client.protocol import header_fields
+from spark_jetstream.read.row_schema import columns, spark_schema_ddl
+
+__all__ = ["HEADERS_TYPE", "RowBuffer", "arrow_schema", "parse_headers", "spark_schema_ddl"]
 
 HEADERS_TYPE = pa.map_(pa.string(), pa.list_(pa.string()))
 
-_BASE_FIELDS = [
-    pa.field("subject", pa.string()),
-    pa.field("data", pa.binary()),
-    pa.field("stream", pa.string()),
-    pa.field("seq", pa.int64()),
-    pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-    pa.field("partition", pa.int32()),
-]
-
-_SPARK_TYPES = {
-    pa.string(): "string",
-    pa.binary(): "binary",
-    pa.int64(): "bigint",
-    pa.int32(): "int",
-    pa.timestamp("us", tz="UTC"): "timestamp",
-    HEADERS_TYPE: "map<string,array<string>>",
+_ARROW_TYPES = {
+    "string": pa.string(),
+    "binary": pa.binary(),
+    "bigint": pa.int64(),
+    "int": pa.int32(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "map<string,array<string>>": HEADERS_TYPE,
 }
 
 INTERNAL_HEADERS = frozenset({"Nats-Pin-Id"})
@@ -47,16 +40,8 @@ INTERNAL_HEADERS = frozenset({"Nats-Pin-Id"})
 
 @cache
 def arrow_schema(include_headers: bool) -> pa.Schema:
-    """The row schema; ``headers`` is the last column, present only with ``includeHeaders``."""
-    fields = list(_BASE_FIELDS)
-    if include_headers:
-        fields.append(pa.field("headers", HEADERS_TYPE))
-    return pa.schema(fields)
-
-
-def spark_schema_ddl(include_headers: bool) -> str:
-    """The same schema as a Spark DDL string."""
-    return ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in arrow_schema(include_headers))
+    """The row schema (``row_schema.columns``) in Arrow types."""
+    return pa.schema([pa.field(name, _ARROW_TYPES[kind]) for name, kind in columns(include_headers)])
 
 
 def parse_headers(block: bytes | None) -> list[tuple[str, list[str]]]:
@@ -157,6 +142,8 @@ class RowBuffer:
             times = int64_array(times, pa.timestamp("ns", tz="UTC"))
         subjects = binary_array(self.subjects).cast(pa.string())
         if partitioned:
+            import pyarrow.compute as pc  # not at module level: the driver imports this module and needs no pc (~20 ms)
+
             parts = pc.split_pattern(subjects, ".", max_splits=1)
             partition = pc.list_element(parts, _FIRST).cast(pa.int32())
             subjects = pc.list_element(parts, _SECOND)

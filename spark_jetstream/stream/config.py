@@ -1,14 +1,34 @@
-"""The reader's configuration: user option strings parsed once into one typed, validated object."""
+"""The reader's configuration: user option strings parsed once into one typed, validated object.
+
+Light on purpose (no NATS client, no pyarrow): Spark's planner process and every executor worker
+unpickle it before the first batch, and the planner needs nothing else."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from spark_jetstream.client.connection import ConnectionOptions
+from spark_jetstream.client.connection_options import ConnectionOptions
 from spark_jetstream.options import STREAM, config_values, connection_options, default_of, parse_options
-from spark_jetstream.stream.pull import PullSettings
+
+
+@dataclass(frozen=True)
+class PullSettings:
+    """Pull tuning (options ``pullBatchSize``, ``pullsInFlight``, ``pullExpires``, ...)."""
+
+    batch: int = default_of("pullBatchSize")
+    in_flight: int = default_of("pullsInFlight")
+    expires: float = default_of("pullExpires")
+    idle_heartbeat: float = default_of("pullIdleHeartbeat")  # parse_options keeps it at most expires / 2
+    record_batch_size: int = default_of("recordBatchSize")
+    max_bytes: int = default_of("pullMaxBytes")
+    record_batch_bytes: int = 32 * 1024 * 1024
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> PullSettings:
+        return cls(**config_values(cls, options))
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,8 @@ from spark_jetstream.client.connection import Connection
 from spark_jetstream.client.jsapi import PRIORITY_GROUP, PRIORITY_GROUP_UNKNOWN, JetStreamApi
 from spark_jetstream.client.protocol import STATUS_PREFIX, status_of
 from spark_jetstream.errors import ApiError, ConnectError, FencedError, JetStreamError, ReaderError
-from spark_jetstream.options import config_values, default_of
 from spark_jetstream.read.rows import RowBuffer
-from spark_jetstream.spark_compat import InputPartition
+from spark_jetstream.stream.config import PullSettings
 from spark_jetstream.stream.deliveries import Deliveries
 from spark_jetstream.stream.pull_window import PullWindow
 
@@ -39,23 +38,6 @@ log = logging.getLogger(__name__)
 _NS = 1_000_000_000
 _MAX_RECOVERIES = 5
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class PullSettings:
-    """Pull tuning (options ``pullBatchSize``, ``pullsInFlight``, ``pullExpires``, ...)."""
-
-    batch: int = default_of("pullBatchSize")
-    in_flight: int = default_of("pullsInFlight")
-    expires: float = default_of("pullExpires")
-    idle_heartbeat: float = default_of("pullIdleHeartbeat")  # parse_options keeps it at most expires / 2
-    record_batch_size: int = default_of("recordBatchSize")
-    max_bytes: int = default_of("pullMaxBytes")
-    record_batch_bytes: int = 32 * 1024 * 1024
-
-    @classmethod
-    def from_options(cls, options: dict[str, Any]) -> PullSettings:
-        return cls(**config_values(cls, options))
 
 
 @dataclass(frozen=True)
@@ -69,14 +51,6 @@ class MemberRange:
     partitioned: bool = True
     include_headers: bool = False
     priority_group: str = PRIORITY_GROUP
-
-
-class MemberPartition(InputPartition):
-    """One Spark input partition pulled from a member consumer (a stream without Direct Get)."""
-
-    def __init__(self, member: MemberRange) -> None:
-        super().__init__(member)
-        self.member = member
 
 
 def read_member(conn: Connection, member: MemberRange, settings: PullSettings) -> Iterator[pa.RecordBatch]:
