@@ -308,12 +308,15 @@ class JetStreamApi:
 
     def create_consumer(self, stream: str, config: dict[str, Any], action: str = "") -> dict[str, Any]:
         """Create or update a durable consumer; ``action`` is ``""``, ``"create"`` or ``"update"``."""
+        return self.conn.run(self.create_consumer_async(stream, config, action))
+
+    async def create_consumer_async(self, stream: str, config: dict[str, Any], action: str = "") -> dict[str, Any]:
         body: dict[str, Any] = {"stream_name": stream, "config": config}
         if action:
             body["action"] = action
         name = config["durable_name"]
         what = f"Creating consumer {name!r} on {stream!r}"
-        return self.call(("CONSUMER", "CREATE", stream, name), body, what, stream)
+        return await self.call_async(("CONSUMER", "CREATE", stream, name), body, what, stream)
 
     def delete_consumer(self, stream: str, consumer: str) -> None:
         tokens = ("CONSUMER", "DELETE", stream, consumer)
@@ -334,8 +337,12 @@ class JetStreamApi:
 
     def last_message(self, stream: str, subject: str) -> DirectMessage | None:
         """The last message on ``subject``, read from the stream leader (read-after-write safe)."""
+        return self.conn.run(self.last_message_async(stream, subject))
+
+    async def last_message_async(self, stream: str, subject: str) -> DirectMessage | None:
         try:
-            reply = self.call(("STREAM", "MSG", "GET", stream), {"last_by_subj": subject}, f"Reading {subject}", stream)
+            body = {"last_by_subj": subject}
+            reply = await self.call_async(("STREAM", "MSG", "GET", stream), body, f"Reading {subject}", stream)
         except ApiError as exc:
             if exc.err_code == NO_MESSAGE_FOUND:
                 return None

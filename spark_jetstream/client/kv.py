@@ -16,9 +16,14 @@ from spark_jetstream.errors import ApiError, StreamNotFoundError
 
 
 def get_entry(api: JetStreamApi, bucket: str, key: str) -> DirectMessage | None:
+    """``get_entry_async`` from sync code."""
+    return api.conn.run(get_entry_async(api, bucket, key))
+
+
+async def get_entry_async(api: JetStreamApi, bucket: str, key: str) -> DirectMessage | None:
     """The live entry under ``key``: None when the bucket, the key or its value (deleted, purged) is missing."""
     try:
-        entry = api.last_message(f"KV_{bucket}", f"$KV.{bucket}.{key}")
+        entry = await api.last_message_async(f"KV_{bucket}", f"$KV.{bucket}.{key}")
     except StreamNotFoundError:
         return None
     if entry is None or entry.headers.get("KV-Operation") in ("DEL", "PURGE"):

@@ -6,11 +6,12 @@ Streaming reads (``stream.coordinator``), batch reads (``read.batch``) and the c
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
-from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.client.kv import get_entry
+from spark_jetstream.client.jsapi import DirectMessage, JetStreamApi
+from spark_jetstream.client.kv import get_entry_async
 from spark_jetstream.errors import GroupConfigError, StreamNotFoundError
 from spark_jetstream.groups.layout import (
     ELASTIC_BUCKET,
@@ -35,11 +36,16 @@ def group_key(stream: str, group: str) -> str:
 def find_group(api: JetStreamApi, stream: str, group: str) -> tuple[GroupConfig, int] | None:
     """The group's pcgroups config (static bucket first, then elastic) and its KV revision, or None.
 
-    Read with STREAM.MSG.GET from the bucket's leader, so a config just written is seen.
+    Read with STREAM.MSG.GET from the bucket's leader, so a config just written is seen. Both buckets
+    are asked at once (a missing bucket costs a second round trip, to the meta leader).
     """
     key = group_key(stream, group)
-    for bucket, kind in ((STATIC_BUCKET, "static"), (ELASTIC_BUCKET, "elastic")):
-        entry = get_entry(api, bucket, key)
+    buckets = ((STATIC_BUCKET, "static"), (ELASTIC_BUCKET, "elastic"))
+
+    async def ask() -> list[DirectMessage | None]:
+        return await asyncio.gather(*(get_entry_async(api, bucket, key) for bucket, _ in buckets))
+
+    for (bucket, kind), entry in zip(buckets, api.conn.run(ask()), strict=True):
         if entry is not None:
             return GroupConfig.from_json(kind, entry.data, f"group config {key} in KV bucket {bucket}"), entry.seq
     return None

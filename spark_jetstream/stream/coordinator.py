@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from spark_jetstream.client.connection import Connection, connect
 from spark_jetstream.client.jsapi import JetStreamApi
@@ -60,7 +61,8 @@ class Coordinator:
         self.conn: Connection = connect(config.connection)
         self.api = JetStreamApi(self.conn)
         self.source_stream = config.stream
-        self._source_config = self.api.stream_info(config.stream)["config"]  # fails fast on a missing stream
+        source_info = self.api.stream_info(config.stream)  # fails fast on a missing stream
+        self._source_config = source_info["config"]
         self._state: StreamState | None = None
         self._state_at = 0.0
         self._available_now_cap: int | None = None
@@ -69,7 +71,9 @@ class Coordinator:
         layout = self.resolve_layout()
         self.stream = layout.stream  # the work stream of an elastic group
         self.members = MemberConsumers(self.api, layout, config.ack_wait, config.ack_policy, self.owner)
-        check_ack_policy(config.ack_policy, self.state(fresh=True).retention, layout)
+        if self.stream == self.source_stream:  # the info just read (an elastic group reads its work stream)
+            self._take_state(source_info)
+        check_ack_policy(config.ack_policy, self.state().retention, layout)
         if self.direct:
             self.pins = PinKeeper(self.members)  # nothing of the query pulls: it keeps the pins itself
         else:
@@ -93,21 +97,24 @@ class Coordinator:
 
     def state(self, fresh: bool = False) -> StreamState:
         """Stream info, at most every ``STREAM_INFO_INTERVAL`` unless ``fresh``."""
-        now = time.monotonic()
-        if fresh or self._state is None or now - self._state_at >= STREAM_INFO_INTERVAL:
-            info = self.api.stream_info(self.stream)
-            state = info["state"]
-            self._state = StreamState(
-                first_seq=state["first_seq"],
-                last_seq=state["last_seq"],
-                messages=state["messages"],
-                bytes=state["bytes"],
-                retention=info["config"].get("retention", "limits"),
-            )
-            self._stream_config = info["config"]
-            self.created = info.get("created", "")
-            self._state_at = now
+        if fresh or self._state is None or time.monotonic() - self._state_at >= STREAM_INFO_INTERVAL:
+            self._take_state(self.api.stream_info(self.stream))
+        assert self._state is not None
         return self._state
+
+    def _take_state(self, info: dict[str, Any]) -> None:
+        """Keep the stream info ``info`` of the read stream, read just now."""
+        state = info["state"]
+        self._state = StreamState(
+            first_seq=state["first_seq"],
+            last_seq=state["last_seq"],
+            messages=state["messages"],
+            bytes=state["bytes"],
+            retention=info["config"].get("retention", "limits"),
+        )
+        self._stream_config = info["config"]
+        self.created = info.get("created", "")
+        self._state_at = time.monotonic()
 
     # -- group ---------------------------------------------------------------------------------
 
@@ -139,7 +146,7 @@ class Coordinator:
     def initial(self) -> Watermark:
         """Where a new query starts (no checkpoint yet)."""
         fault_point("initial")  # a new query, nothing in its checkpoint yet
-        state = self.state(fresh=True)
+        state = self.state()  # read at most STREAM_INFO_INTERVAL ago: made with the coordinator, just now
         config = self.config
         return self.watermark(
             start_after(

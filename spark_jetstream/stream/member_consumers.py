@@ -68,7 +68,7 @@ class MemberConsumers:
         layout = self.layout
         metadata = {OWNER_METADATA_KEY: self.owner}
         wanted = {layout.consumer(m): layout.filter_subjects(m) for m in layout.member_names}
-        existing = {name: self.api.consumer_info(self.stream, name)["config"] for name in self._group_consumers()}
+        existing = self._configs(self._group_consumers())
         self._check_existing_ack_policy({name: config for name, config in existing.items() if name in wanted})
         workqueue = retention == "workqueue"
         stale = [
@@ -80,15 +80,30 @@ class MemberConsumers:
         if workqueue:  # free the subjects before another member takes them
             for name in stale:
                 self._delete(name)
-        for member in layout.member_names:
-            config = layout.consumer_config(member, self.ack_wait, metadata, self.ack_policy)
-            try:
-                self.api.create_consumer(self.stream, config)
-            except ApiError as exc:
-                raise self._create_error(layout.consumer(member), exc) from None
+        configs = [
+            layout.consumer_config(member, self.ack_wait, metadata, self.ack_policy) for member in layout.member_names
+        ]
+
+        async def create() -> list[Any]:
+            calls = (self.api.create_consumer_async(self.stream, config) for config in configs)
+            return list(await asyncio.gather(*calls, return_exceptions=True))
+
+        for member, created in zip(layout.member_names, self.api.conn.run(create()), strict=True):
+            if isinstance(created, ApiError):
+                raise self._create_error(layout.consumer(member), created)
+            if isinstance(created, BaseException):
+                raise created
         if not workqueue:  # on other streams the new consumers hold the interest before the old go
             for name in stale:
                 self._delete(name)
+
+    def _configs(self, names: list[str]) -> dict[str, dict[str, Any]]:
+        """The config of each named consumer, asked all at once."""
+
+        async def ask() -> list[dict[str, Any]]:
+            return list(await asyncio.gather(*(self.api.consumer_info_async(self.stream, name) for name in names)))
+
+        return {name: info["config"] for name, info in zip(names, self.api.conn.run(ask()), strict=True)}
 
     def check_unchanged(self) -> None:
         """Raise ``changed_error`` for the member consumers as they are now."""
