@@ -292,6 +292,14 @@ class JetStreamApi:
         tokens = ("CONSUMER", "INFO", stream, consumer)
         return await self.call_async(tokens, None, f"Consumer {consumer!r}", stream, consumer)
 
+    async def consumer_infos_async(self, stream: str, consumers: list[str]) -> dict[str, dict[str, Any] | None]:
+        """Consumer info of each named consumer (None where it does not exist), asked all at once."""
+        infos = await asyncio.gather(*(self.consumer_info_async(stream, c) for c in consumers), return_exceptions=True)
+        for info in infos:
+            if isinstance(info, BaseException) and not isinstance(info, ConsumerNotFoundError):
+                raise info
+        return {c: None if isinstance(i, BaseException) else i for c, i in zip(consumers, infos, strict=True)}
+
     def consumer_names(self, stream: str) -> list[str]:
         """Names of every consumer on the stream."""
         names: list[str] = []
@@ -335,11 +343,8 @@ class JetStreamApi:
 
     # -- messages ----------------------------------------------------------------------------
 
-    def last_message(self, stream: str, subject: str) -> DirectMessage | None:
-        """The last message on ``subject``, read from the stream leader (read-after-write safe)."""
-        return self.conn.run(self.last_message_async(stream, subject))
-
     async def last_message_async(self, stream: str, subject: str) -> DirectMessage | None:
+        """The last message on ``subject``, read from the stream leader (read-after-write safe)."""
         try:
             body = {"last_by_subj": subject}
             reply = await self.call_async(("STREAM", "MSG", "GET", stream), body, f"Reading {subject}", stream)

@@ -4,13 +4,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from datetime import UTC, datetime
 from typing import Any
 
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.errors import ConsumerNotFoundError, DataLossError, GroupConfigError
+from spark_jetstream.errors import DataLossError, GroupConfigError
 from spark_jetstream.groups.layout import (
     GroupLayout,
 )
@@ -27,16 +26,8 @@ def seq_at(api: JetStreamApi, stream: str, when: datetime, last_seq: int) -> int
 
 async def member_infos_async(api: JetStreamApi, layout: GroupLayout) -> dict[str, dict[str, Any] | None]:
     """Consumer info of every member consumer (None where it does not exist), asked all at once."""
-    calls = [api.consumer_info_async(layout.stream, layout.consumer(m)) for m in layout.member_names]
-    infos: dict[str, dict[str, Any] | None] = {}
-    for member, info in zip(layout.member_names, await asyncio.gather(*calls, return_exceptions=True), strict=True):
-        if isinstance(info, ConsumerNotFoundError):
-            infos[member] = None
-        elif isinstance(info, BaseException):
-            raise info
-        else:
-            infos[member] = info
-    return infos
+    infos = await api.consumer_infos_async(layout.stream, [layout.consumer(m) for m in layout.member_names])
+    return dict(zip(layout.member_names, infos.values(), strict=True))
 
 
 def member_infos(api: JetStreamApi, layout: GroupLayout) -> dict[str, dict[str, Any] | None]:

@@ -98,12 +98,9 @@ class MemberConsumers:
                 self._delete(name)
 
     def _configs(self, names: list[str]) -> dict[str, dict[str, Any]]:
-        """The config of each named consumer, asked all at once."""
-
-        async def ask() -> list[dict[str, Any]]:
-            return list(await asyncio.gather(*(self.api.consumer_info_async(self.stream, name) for name in names)))
-
-        return {name: info["config"] for name, info in zip(names, self.api.conn.run(ask()), strict=True)}
+        """The config of each named consumer that still exists, asked all at once."""
+        infos = self.api.conn.run(self.api.consumer_infos_async(self.stream, names))
+        return {name: info["config"] for name, info in infos.items() if info is not None}
 
     def check_unchanged(self) -> None:
         """Raise ``changed_error`` for the member consumers as they are now."""
