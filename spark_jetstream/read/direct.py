@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
@@ -24,7 +25,7 @@ import pyarrow as pa
 
 from spark_jetstream.client.connection import ATTEMPT_TIMEOUT, Connection
 from spark_jetstream.client.jsapi import NO_MESSAGE_FOUND, JetStreamApi
-from spark_jetstream.client.protocol import STATUS_PREFIX, status_line
+from spark_jetstream.client.protocol import STATUS_PREFIX, BulkHandler, status_line
 from spark_jetstream.errors import ApiError, ClusterUnavailableError, ReaderError
 from spark_jetstream.options import default_of
 from spark_jetstream.read.rows import RowBuffer, binary_array
@@ -33,6 +34,15 @@ log = logging.getLogger(__name__)
 
 _DIRECT_HEADERS = b"\r\nNats-Stream: "  # the server appends its headers after the message's own
 _LAGGING_RETRIES = 50
+
+_REPLY = re.compile(
+    rb"HMSG [^ \r\n]++ (\d++) (\d++) (\d++)\r\n"  # <inbox> <sid> <header size> <size>
+    rb"(NATS/1\.0\r\n(?:[^\r\n]*+\r\n)*?)"  # the message's own headers, if any (a status has a code: no match)
+    rb"Nats-Stream: [^\r\n]*+\r\nNats-Subject: ([^\r\n]++)\r\nNats-Sequence: (\d++)\r\n"
+    rb"Nats-Time-Stamp: ([^\r\n]++)\r\n(?:Nats-Num-Pending: (\d++)\r\n)?(?:Nats-Last-Sequence: \d++\r\n)?\r\n"
+)
+"""One Direct Get reply up to its payload, as nats-server 2.11-2.15 writes it: the protocol line, then the server's
+headers after the message's own. A reply it does not match exactly goes to the per-message handler."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +117,7 @@ class _DirectReader:
         self.done = False
 
     async def open(self) -> None:
-        self.inbox, self.sid = await self.conn.subscribe_raw(self._on_message)
+        self.inbox, self.sid = await self.conn.subscribe_raw(self._on_message, bulk=self._bulk)
 
     async def close(self) -> None:
         if self.sid is not None:
@@ -177,6 +187,55 @@ class _DirectReader:
             raise ReaderError(self.error)
         if self.last >= self.range.end:
             self.done = True
+
+    def _bulk(self, sid: int) -> BulkHandler:
+        """Bulk handler of the Direct Get inbox: takes runs of replies straight from the read buffer, one regex
+        match each. Measured against a parser pass plus a header dict per message: a third less client CPU
+        (0.40 -> 0.27 s per 50,000 messages), which the JVM and the server share two cores with during a batch.
+        Statuses, replies it does not recognise and incomplete ones go to ``_on_message``."""
+        own = b"%d" % sid
+        match = _REPLY.match
+
+        def take(buf: bytearray, view: memoryview, pos: int) -> int:
+            rows, last, end_seq = self.rows, self.last, self.range.end
+            keep_headers = self.range.include_headers
+            pending = None
+            received = 0
+            size = len(buf)
+            done = self.done
+            while True:
+                found = match(buf, pos)
+                if found is None:
+                    break
+                msg_sid, header_size, total, _, subject, seq_text, stamp, pending_text = found.groups()
+                start, own_end = found.span(4)
+                header_end = start + int(header_size)
+                end = start + int(total)
+                if msg_sid != own or found.end() != header_end or end + 2 > size:
+                    break  # another subscription's, headers it cannot vouch for, or not all here yet
+                pos = end + 2
+                seq = int(seq_text)
+                if seq <= last or done:
+                    continue
+                if seq > end_seq:  # past the range: this filter has nothing more in it
+                    done = self.done = True
+                    continue
+                received += 1
+                pending = pending_text
+                rows.subjects.append(subject)
+                rows.data.append(bytes(view[header_end:end]))
+                rows.seqs.append(seq)
+                rows.times.append(stamp)  # type: ignore[arg-type]  # RFC 3339, parsed per batch
+                if keep_headers:
+                    rows.headers.append(bytes(view[start:own_end]) + b"\r\n")
+                last = seq
+            if received:
+                self.last = last
+                self.received += received
+                self.pending = int(pending) if pending is not None else -1
+            return pos
+
+        return take
 
     def _on_message(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         """Raw handler of the Direct Get inbox (loop thread, once per message: keep it lean)."""
