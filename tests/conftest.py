@@ -26,7 +26,9 @@ from spark_jetstream.groups.layout import (
 )
 from spark_jetstream.tools.embedded import EmbeddedCluster, EmbeddedServer
 
-_started_pids: list[int] = []
+_started: list[tuple[int, str]] = []
+"""Servers the fixtures started, as (pid, start time): pids wrap at 32,768 here during a full run, so a pid alone
+may name another process by the end."""
 
 
 def fnv1a_32(data: bytes) -> int:
@@ -37,9 +39,20 @@ def fnv1a_32(data: bytes) -> int:
     return h
 
 
+def _process(pid: int) -> tuple[str, str] | None:
+    """(state, start time in clock ticks since boot) of a process, or None when there is none."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[-1].split()
+    except FileNotFoundError:
+        return None
+    return fields[0], fields[19]
+
+
 def _track(server: EmbeddedServer) -> EmbeddedServer:
-    if server.pid:
-        _started_pids.append(server.pid)
+    """Remember the server's process (again after a restart gave it a new one) for the check at the end."""
+    if server.pid and (found := _process(server.pid)):
+        _started.append((server.pid, found[1]))
     return server
 
 
@@ -92,6 +105,8 @@ def nats_cluster() -> Iterator[EmbeddedCluster]:
         _track(server)
     yield cluster
     disconnect(ConnectionOptions(servers=tuple(s.url for s in cluster.servers)))
+    for server in cluster.servers:
+        _track(server)  # tests kill and restart servers: the processes being stopped now
     cluster.close()
 
 
@@ -188,14 +203,10 @@ def make_stream(api: JetStreamApi, conn: Connection) -> Iterator[Callable[..., P
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail loudly if a server this run started outlived its fixture."""
     alive = []
-    for pid in _started_pids:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                state = stat.read().split(")")[-1].split()[0]
-            if state != "Z":
-                alive.append(pid)
-        except FileNotFoundError:
-            continue
+    for pid, started in _started:
+        found = _process(pid)
+        if found is not None and found[1] == started and found[0] != "Z":  # the same process, not a reaped one
+            alive.append(pid)
     if alive:
         print(f"\nnats-server processes left running by the tests: {alive}")
         session.exitstatus = 1
