@@ -209,8 +209,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if found is not None and found[1] == started and found[0] != "Z":  # the same process, not a reaped one
             alive.append(pid)
     if alive:
-        found = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode() for pid in alive}
-        print(f"\nnats-server processes left running by the tests: {found}")
+        commands = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode() for pid in alive}
+        print(f"\nnats-server processes left running by the tests: {commands}")
         session.exitstatus = 1
 
 

@@ -197,42 +197,17 @@ class _DirectReader:
         match = _REPLY.match
 
         def take(buf: bytearray, view: memoryview, pos: int) -> int:
-            rows, last, end_seq = self.rows, self.last, self.range.end
-            keep_headers = self.range.include_headers
-            pending = None
-            received = 0
-            size = len(buf)
-            done = self.done
-            while True:
-                found = match(buf, pos)
-                if found is None:
-                    break
-                msg_sid, header_size, total, _, subject, seq_text, stamp, pending_text = found.groups()
+            keep, keep_headers, size = self._keep, self.range.include_headers, len(buf)
+            while (found := match(buf, pos)) is not None:
+                msg_sid, header_size, total, _, subject, seq, stamp, pending = found.groups()
                 start, own_end = found.span(4)
                 header_end = start + int(header_size)
                 end = start + int(total)
                 if msg_sid != own or found.end() != header_end or end + 2 > size:
                     break  # another subscription's, headers it cannot vouch for, or not all here yet
                 pos = end + 2
-                seq = int(seq_text)
-                if seq <= last or done:
-                    continue
-                if seq > end_seq:  # past the range: this filter has nothing more in it
-                    done = self.done = True
-                    continue
-                received += 1
-                pending = pending_text
-                rows.subjects.append(subject)
-                rows.data.append(bytes(view[header_end:end]))
-                rows.seqs.append(seq)
-                rows.times.append(stamp)  # type: ignore[arg-type]  # RFC 3339, parsed per batch
-                if keep_headers:
-                    rows.headers.append(bytes(view[start:own_end]) + b"\r\n")
-                last = seq
-            if received:
-                self.last = last
-                self.received += received
-                self.pending = int(pending) if pending is not None else -1
+                own_headers = bytes(view[start:own_end]) + b"\r\n" if keep_headers else None
+                keep(int(seq), subject, bytes(view[header_end:end]), stamp, own_headers, pending)
             return pos
 
         return take
@@ -251,21 +226,33 @@ class _DirectReader:
             return
         cut = headers.rfind(_DIRECT_HEADERS)
         fields = dict(line.split(b": ", 1) for line in headers[cut + 2 : -4].split(b"\r\n"))
-        seq = int(fields[b"Nats-Sequence"])
-        if seq <= self.last:
+        self._keep(
+            int(fields[b"Nats-Sequence"]),
+            fields[b"Nats-Subject"],
+            data,
+            fields[b"Nats-Time-Stamp"],
+            headers[:cut] + b"\r\n\r\n",
+            fields.get(b"Nats-Num-Pending"),
+        )
+
+    def _keep(
+        self, seq: int, subject: bytes, data: bytes, stamp: bytes, headers: bytes | None, pending: bytes | None
+    ) -> None:
+        """One message of a reply into the rows, whichever path parsed it (loop thread, once per message)."""
+        if seq <= self.last or self.done:
             return
         if seq > self.range.end:  # past the range: this filter has nothing more in it
             self.done = True
             return
         self.received += 1
-        self.pending = int(fields.get(b"Nats-Num-Pending", b"-1"))
+        self.pending = int(pending) if pending is not None else -1
         rows = self.rows
-        rows.subjects.append(fields[b"Nats-Subject"])
+        rows.subjects.append(subject)
         rows.data.append(data)
         rows.seqs.append(seq)
-        rows.times.append(fields[b"Nats-Time-Stamp"])  # type: ignore[arg-type]  # RFC 3339, parsed per batch
+        rows.times.append(stamp)  # type: ignore[arg-type]  # RFC 3339, parsed per batch
         if self.range.include_headers:
-            rows.headers.append(headers[:cut] + b"\r\n\r\n")
+            rows.headers.append(headers)
         self.last = seq
 
     async def _leader_has_more(self) -> bool:
