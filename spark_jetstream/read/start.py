@@ -55,7 +55,7 @@ def start_after(
     if position is None:
         position = "group" if infos and all(infos.values()) else "earliest"
     if position == "earliest":
-        return first_seq - 1
+        return max(first_seq, 1) - 1  # a stream that never held a message reports first_seq 0
     if position == "latest":
         return last_seq
     if position == "group":
