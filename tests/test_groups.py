@@ -12,6 +12,8 @@ from spark_jetstream.client.publish import publish_all
 from spark_jetstream.errors import GroupConfigError
 from spark_jetstream.groups.admin import change_members, create_group, delete_group, load_group, status
 from spark_jetstream.groups.layout import GroupConfig, PartitioningFilter, layout_from_config, work_stream_name
+from spark_jetstream.stream.config import SourceConfig
+from spark_jetstream.stream.coordinator import Coordinator
 
 
 def test_pcgroups_json_round_trips_and_validation_names_the_problem():
@@ -96,6 +98,38 @@ def test_elastic_membership_changes_between_batches_lose_and_double_nothing(spar
     finally:
         delete_group(api, "Orders", "eg")
         api.delete_stream("Orders")
+
+
+def test_the_pin_keeper_does_not_take_the_querys_own_membership_change_for_another_client(nats_server, api):
+    """The race the elastic test above once lost: the keeper's once-a-second check read the member consumers
+    while the query was remaking them for a new membership, and named the query's own change another client's."""
+    api.create_stream({"name": "Race", "subjects": ["race.*"]})
+    options = {"servers": nats_server.url, "stream": "Race", "group": "eg"}
+    coordinator = None
+    try:
+        publish_all(api.conn, ((f"race.c{i % 7}", b"x", None) for i in range(200)))
+        config = GroupConfig(
+            "elastic", 8, members=("m1", "m2"), partitioning_filters=(PartitioningFilter("race.*", (1,)),)
+        )
+        create_group(api, "Race", "eg", config)
+        coordinator = Coordinator(SourceConfig.parse(options))
+        start, end = coordinator.initial(), coordinator.watermark(100)
+        coordinator.plan(start, end)
+        coordinator.commit(end)
+        members, keeper = coordinator.members, coordinator.pins
+        assert keeper is not None
+        change_members(api, "Race", "eg", drop=("m2",))
+        members.layout_changes += 1  # the query's change under way: the layout taken, its consumers not yet remade
+        members.layout = coordinator.resolve_layout()
+        api.conn.run(keeper.check())  # no error
+        members.layout_changes += 1
+        with pytest.raises(GroupConfigError, match="'m1' on stream 'Race-eg' was changed by another client"):
+            api.conn.run(keeper.check())  # the same difference outside a change of the query's is another client's
+    finally:
+        if coordinator is not None:
+            coordinator.close()
+        delete_group(api, "Race", "eg")
+        api.delete_stream("Race")
 
 
 def test_group_cli_round_trip(nats_server, api):

@@ -124,9 +124,6 @@ class Coordinator:
             self.api, self._source_config, self.config.group, self.config.members, create_work_stream=True
         )
 
-    def ensure_consumers(self) -> None:
-        self.members.ensure(self.state().retention)
-
     def _acknowledge(self, committed: Watermark, remade: bool = False) -> None:
         """Move the floors (``MemberConsumers.acknowledge``); fail first if another client is on a member consumer."""
         pins, acked = self.pins, self.members.acked_through
@@ -202,9 +199,9 @@ class Coordinator:
                 f"{self.stream!r}: the checkpoint's offsets belong to the old stream. Start with a new checkpoint."
             )
         changed = layout != self.layout
+        if changed and self.members.acked_through is not None:  # membership changes take effect at a batch boundary
+            self.members.change_layout(layout, self.state().retention)
         self.members.layout = layout
-        if changed and self.members.acked_through is not None:
-            self.ensure_consumers()  # membership changes take effect here, at a batch boundary
         self._acknowledge(start, remade=changed)
         if self.pins is None:  # the pin keeper checks the member consumers every second and before floors move
             self.members.check_unchanged()

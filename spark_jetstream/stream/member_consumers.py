@@ -51,6 +51,8 @@ class MemberConsumers:
         self.owner = owner
         self.acked_through: int | None = None  # the watermark every member consumer was last reset to
         self.lock = asyncio.Lock()  # held while floors move, so another RESET never lands in between
+        # layout changes started plus ended: odd while the consumers are being made to match a new layout
+        self.layout_changes = 0
 
     @property
     def stream(self) -> str:
@@ -60,6 +62,16 @@ class MemberConsumers:
         return member_infos(self.api, self.layout)
 
     # -- making them -----------------------------------------------------------------------------
+
+    def change_layout(self, layout: GroupLayout, retention: str) -> None:
+        """Take ``layout`` and make the consumers match it. Until they do, they differ from what the layout
+        says; ``layout_changes`` tells a concurrent check (the pin keeper's) to look again later."""
+        self.layout_changes += 1
+        try:
+            self.layout = layout
+            self.ensure(retention)
+        finally:
+            self.layout_changes += 1
 
     def ensure(self, retention: str) -> None:
         """Make the member consumers match the layout: create, update, and delete those of members

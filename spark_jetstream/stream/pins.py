@@ -111,9 +111,11 @@ class PinKeeper:
     async def check(self) -> None:
         """Raise when another client pulled from, pinned, changed or deleted a member consumer. Also run
         right before the floors move, as a RESET clears the evidence of deliveries."""
-        layout = self.members.layout
+        layout, changes = self.members.layout, self.members.layout_changes
         before = dict(self.takes)
         infos = await asyncio.gather(*(self._info(layout.consumer(member)) for member in layout.member_names))
+        if changes % 2 or changes != self.members.layout_changes:
+            return  # the query itself changed the consumers meanwhile; the next round checks the result
         for member, info in zip(layout.member_names, infos, strict=True):
             consumer = layout.consumer(member)
             takes = self.takes.get(consumer, 0)
