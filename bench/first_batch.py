@@ -26,6 +26,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common import SUBJECTS
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -105,21 +107,22 @@ def child(kind: str, servers: str, stream: str, group: str, messages: int) -> di
 
 
 def same_rows(stream: str, count: int) -> pa.RecordBatch:
-    """The rows the connector reads from the stream ``main`` publishes: ``first.k<i % 1000>`` with 100 bytes
-    of data, seqs 1..count, partition by key (the values need not match the hash, only its spread). Built
-    with vectorised calls (~10 ms), so the no-I/O source spends next to nothing of its own."""
+    """The rows the connector reads from the stream ``main`` (and the ``first-batch`` scenario) publishes:
+    ``first.k<i % SUBJECTS>`` with 100 bytes of data, seqs 1..count, partition by key (the values need not
+    match the hash, only its spread). Built with vectorised calls, so the no-I/O source spends next to nothing
+    of its own."""
     import numpy as np
     import pyarrow as pa
 
-    keys = pa.array(np.arange(count) % 1000)
+    keys = pa.array(np.arange(count) % SUBJECTS)
     return pa.RecordBatch.from_pydict(
         {
-            "subject": pa.array([f"first.k{k}" for k in range(1000)]).take(keys),
+            "subject": pa.array([f"first.k{k}" for k in range(SUBJECTS)]).take(keys),
             "data": pa.array([b"x" * 100], pa.binary()).take(pa.array(np.zeros(count, np.int64))),
             "stream": pa.array([stream]).take(pa.array(np.zeros(count, np.int64))),
             "seq": pa.array(np.arange(1, count + 1)),
             "timestamp": pa.array(time.time_ns() // 1000 + np.arange(count), pa.timestamp("us", tz="UTC")),
-            "partition": pa.array((np.arange(count) % 1000 % 4).astype(np.int32)),
+            "partition": pa.array((np.arange(count) % SUBJECTS % 4).astype(np.int32)),
         }
     )
 
@@ -181,7 +184,7 @@ def main() -> None:
         server.start()
         conn = connect(ConnectionOptions(servers=(server.url,)))
         JetStreamApi(conn).create_stream(partitioned_stream_config("FIRST", "first.*", 4))
-        publish_all(conn, ((f"first.k{i % 1000}", b"x" * 100, None) for i in range(args.messages)))
+        publish_all(conn, ((f"first.k{i % SUBJECTS}", b"x" * 100, None) for i in range(args.messages)))
         close_all()
         runs = measure(server.url, "FIRST", args.messages, args.rounds)
     print_table(runs)
