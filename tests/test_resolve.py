@@ -25,7 +25,7 @@ def test_the_cli_shows_the_members_a_query_gave_a_derived_group(nats_server, api
     stream = make_stream(100, partitions=4)
     query = coordinator(nats_server.url, stream.name, "two", members="2")
     try:
-        query.ensure_consumers()
+        query.members.ensure(query.state().retention)
         layout = group_layout(api, stream.name, "two")  # counted from the consumers, checked against their filters
         assert layout == query.layout
         assert {m.name: m.partitions for m in layout.members} == {"0": (0, 1), "1": (2, 3)}
