@@ -114,15 +114,16 @@ def same_rows(stream: str, count: int) -> pa.RecordBatch:
     import numpy as np
     import pyarrow as pa
 
-    keys = pa.array(np.arange(count) % SUBJECTS)
+    index = np.arange(count)
+    keys, first = index % SUBJECTS, pa.array(np.zeros(count, np.int64))
     return pa.RecordBatch.from_pydict(
         {
-            "subject": pa.array([f"first.k{k}" for k in range(SUBJECTS)]).take(keys),
-            "data": pa.array([b"x" * 100], pa.binary()).take(pa.array(np.zeros(count, np.int64))),
-            "stream": pa.array([stream]).take(pa.array(np.zeros(count, np.int64))),
-            "seq": pa.array(np.arange(1, count + 1)),
-            "timestamp": pa.array(time.time_ns() // 1000 + np.arange(count), pa.timestamp("us", tz="UTC")),
-            "partition": pa.array((np.arange(count) % SUBJECTS % 4).astype(np.int32)),
+            "subject": pa.array([f"first.k{k}" for k in range(SUBJECTS)]).take(pa.array(keys)),
+            "data": pa.array([b"x" * 100], pa.binary()).take(first),
+            "stream": pa.array([stream]).take(first),
+            "seq": pa.array(index + 1),
+            "timestamp": pa.array(time.time_ns() // 1000 + index, pa.timestamp("us", tz="UTC")),
+            "partition": pa.array((keys % 4).astype(np.int32)),
         }
     )
 

@@ -49,8 +49,12 @@ def test_starting_positions(nats_server, conn, make_stream, coordinators):
     assert coordinators(url, stream.name, "c", startingTimestamp=middle.isoformat()).initial().seq == 300
     later = str(int(time.time() * 1000) + 60_000)
     assert coordinators(url, stream.name, "d", startingTimestamp=later).initial().seq == 305
-    JetStreamApi(conn).create_stream({"name": "Empty", "subjects": ["empty.>"]})
-    assert coordinators(url, "Empty", "e").initial().seq == 0  # never held a message: first_seq is 0, not 1
+    api = JetStreamApi(conn)
+    api.create_stream({"name": "Empty", "subjects": ["empty.>"]})
+    try:
+        assert coordinators(url, "Empty", "e").initial().seq == 0  # never held a message: first_seq is 0, not 1
+    finally:
+        api.delete_stream("Empty")  # the server is the session's
 
 
 def test_group_position_is_the_member_consumers_ack_floor(nats_server, api, make_stream, coordinators):

@@ -201,7 +201,7 @@ class Coordinator:
         changed = layout != self.layout
         if changed and self.members.acked_through is not None:  # membership changes take effect at a batch boundary
             self.members.change_layout(layout, self.state().retention)
-        else:  # a new query run makes its consumers when it first acknowledges
+        else:  # unchanged, or a new run, whose first acknowledge makes the consumers
             self.members.layout = layout
         self._acknowledge(start, remade=changed)
         if self.pins is None:  # the pin keeper checks the member consumers every second and before floors move
