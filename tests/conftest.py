@@ -152,15 +152,24 @@ class PartitionedStream:
         return max(self.messages)
 
 
-def add_messages(conn: Connection, stream: PartitionedStream, count: int, headers: bool = False, seed: int = 7) -> None:
-    """Publish ``count`` messages to ``stream`` (made by ``make_stream``) and record them."""
+def add_messages(
+    conn: Connection,
+    stream: PartitionedStream,
+    count: int,
+    headers: bool = False,
+    seed: int = 7,
+    size: Callable[[int], int] | None = None,
+) -> None:
+    """Publish ``count`` messages to ``stream`` (made by ``make_stream``) and record them; ``size(i)``: the
+    i-th payload's size (default: a few dozen bytes)."""
     n = stream.group[1:]
     rng = random.Random(seed)
     batch = []
     for i in range(count):
         key = f"k{rng.randrange(1000)}"
         subject = f"ev{n}.{key}"
-        payload = f"msg-{i}-".encode() + rng.randbytes(rng.randrange(0, 40))
+        prefix = f"msg-{i}-".encode()
+        payload = prefix + rng.randbytes(rng.randrange(0, 40) if size is None else size(i) - len(prefix))
         hdrs = {"index": str(i), "kind": "odd" if i % 2 else "even"} if headers else None
         batch.append((subject, payload, hdrs, fnv1a_32(key.encode()) % stream.partitions))
     result = publish_all(conn, ((s, p, h) for s, p, h, _ in batch))
@@ -172,8 +181,8 @@ def add_messages(conn: Connection, stream: PartitionedStream, count: int, header
 @pytest.fixture
 def make_stream(api: JetStreamApi, conn: Connection) -> Iterator[Callable[..., PartitionedStream]]:
     """Factory: ``make_stream(count, partitions=4, headers=False)`` -> a filled ``PartitionedStream``
-    (of ``retention``; ``direct=False``: without Direct Get, so queries pull) with a member consumer
-    of ack policy ``consumers`` per partition."""
+    (of ``retention``; ``direct=False``: without Direct Get, so queries pull; ``size``: payload sizes as in
+    ``add_messages``) with a member consumer of ack policy ``consumers`` per partition."""
     created: list[str] = []
 
     def make(
@@ -184,13 +193,14 @@ def make_stream(api: JetStreamApi, conn: Connection) -> Iterator[Callable[..., P
         consumers: str = "explicit",
         retention: str = "limits",
         direct: bool = True,
+        size: Callable[[int], int] | None = None,
     ) -> PartitionedStream:
         n = next(_names)
         stream = PartitionedStream(name=f"T{n}_{os.getpid()}", group=f"g{n}", partitions=partitions)
         config = partitioned_stream_config(stream.name, f"ev{n}.*", partitions, retention=retention)
         api.create_stream({**config, "allow_direct": direct})
         created.append(stream.name)
-        add_messages(conn, stream, count, headers, seed)
+        add_messages(conn, stream, count, headers, seed, size)
         for p in range(partitions):
             config = member_consumer_config(stream.group, str(p), partition_filters([p]), ack_policy=consumers)
             api.create_consumer(stream.name, config)

@@ -83,3 +83,24 @@ def test_commands_carry_exactly_the_headers_asked_for(deduplicate, expected, col
             not deduplicate and not expected and "headers" not in names and "msg_id" not in names
         )
     assert len(commands) == 3
+
+
+def test_write_slices_stay_within_their_row_and_byte_bounds():
+    """A task's rows go out in slices of at most ``max_rows`` rows and ``max_bytes`` payload bytes (a larger
+    row alone), covering every row once, in order."""
+    import random
+    from itertools import accumulate
+
+    from spark_jetstream.sink.commands import slices
+
+    rng = random.Random(5)
+    sizes = [rng.choice([0, 1, 500, 1000, 1001, 4000]) for _ in range(300)]
+    cut = list(slices(list(accumulate(sizes)), 6, 2000))
+    assert [start for start, _ in cut] == list(accumulate([0] + [n for _, n in cut[:-1]]))
+    assert sum(n for _, n in cut) == len(sizes)
+    for start, n in cut:
+        assert 1 <= n <= 6
+        assert sum(sizes[start : start + n]) <= 2000 or n == 1
+        if start + n < len(sizes) and n < 6:  # a slice ends early only because the next row would not fit
+            assert sum(sizes[start : start + n + 1]) > 2000
+    assert list(slices([], 6, 2000)) == []

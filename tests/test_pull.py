@@ -247,7 +247,7 @@ def test_deliveries_are_parsed_alike_by_the_bulk_handler_and_after_nats_py_took_
             await client._ps.parse(stream[i : i + chunk])
 
     asyncio.run(feed())
-    buffers = [*pull.deliveries.ready, pull.deliveries.rows]
+    buffers = [*pull.deliveries.ready, pull.deliveries.batches.rows]
     rows = pa.Table.from_batches([buffer.to_record_batch("S", True, False) for buffer in buffers if len(buffer)])
     assert rows.column("seq").to_pylist() == list(range(1, 9))
     assert rows.column("data").to_pylist() == [b"payload %d" % s for s in range(1, 9)]

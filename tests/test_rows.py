@@ -38,10 +38,7 @@ def test_headers_keep_repeated_keys_and_drop_the_pin():
 def _buffer() -> RowBuffer:
     rows = RowBuffer()
     for seq, subject in ((3, b"1.orders.a.b"), (9, b"12.orders.c")):
-        rows.subjects.append(subject)
-        rows.data.append(b"payload-%d" % seq)
-        rows.seqs.append(seq)
-        rows.times.append(1_700_000_000_123_456_789)
+        rows.add(subject, b"payload-%d" % seq, seq, 1_700_000_000_123_456_789)
         rows.headers.append(b"NATS/1.0\r\nk: v\r\n\r\n")
     return rows
 
@@ -90,9 +87,8 @@ def test_building_a_batch_imports_no_pandas():
         "import sys\n"
         "from spark_jetstream.read.rows import RowBuffer, binary_array\n"
         "rows = RowBuffer()\n"
-        "rows.subjects, rows.data, rows.seqs = [b'1.a'], [b'x'], [7]\n"
+        "rows.add(b'1.a', b'x', 7, 1_700_000_000_000_000_000)\n"
         "rows.headers = [b'NATS/1.0\\r\\nk: v\\r\\n\\r\\n']\n"
-        "rows.times = [1_700_000_000_000_000_000]\n"
         "rows.to_record_batch('S', True, True)\n"
         "import pyarrow as pa\n"  # a Direct Get read's timestamps
         "binary_array([b'2026-01-01T00:00:00Z']).cast(pa.string()).cast(pa.timestamp('ns', tz='UTC'))\n"
@@ -100,3 +96,30 @@ def test_building_a_batch_imports_no_pandas():
     )
     result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False", result.stderr
+
+
+def test_row_batches_stay_within_their_row_and_byte_bounds():
+    """Every batch holds at most ``max_rows`` rows and ``max_bytes`` payload and header bytes, except a single
+    message larger than the bound, which gets a batch of its own; nothing is lost or reordered."""
+    import random
+
+    from spark_jetstream.read.rows import RowBatches
+
+    rng = random.Random(3)
+    sizes = [rng.choice([0, 10, 900, 1000, 1001, 5000]) for _ in range(400)]
+    batches = RowBatches(max_rows=7, max_bytes=2000, keep_headers=True)
+    header = b"NATS/1.0\r\nk: v\r\n\r\n"
+    for seq, size in enumerate(sizes, 1):
+        batches.add(b"0.s", bytes([seq % 251]) * size, seq, seq, header if seq % 3 else None)
+    batches.flush()
+    seen = []
+    for rows in batches.ready:
+        built = rows.to_record_batch("S", True, True)
+        counted = sum(len(d) for d in built.column("data").to_pylist()) + sum(len(h) for h in rows.headers if h)
+        assert counted == rows.nbytes
+        assert 1 <= len(rows) <= 7
+        assert rows.nbytes <= 2000 or len(rows) == 1, (len(rows), rows.nbytes)
+        seen += built.column("seq").to_pylist()
+        assert built.column("data").to_pylist() == [bytes([s % 251]) * sizes[s - 1] for s in rows.seqs]
+    assert seen == list(range(1, len(sizes) + 1))
+    assert batches.buffered() == (len(sizes), sum(r.nbytes for r in batches.ready))

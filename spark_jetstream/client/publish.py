@@ -18,12 +18,16 @@ from __future__ import annotations
 import asyncio
 import bisect
 import re
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from spark_jetstream.client.connection import Connection
 from spark_jetstream.client.protocol import HEADER_START, STATUS_PREFIX, BulkHandler, run_pattern, status_line
 from spark_jetstream.errors import JetStreamError
+
+DEFAULT_WINDOW_BYTES = 32 * 1024 * 1024
+"""Bytes in flight before a publisher waits for PubAcks (the writer's option ``publishWindowBytes``)."""
 
 Message = tuple[str, bytes, dict[str, str] | None]
 """(subject, payload, headers or None)."""
@@ -96,16 +100,26 @@ class Publisher:
     then ``finish`` waits for every PubAck and raises ``PublishError`` on any failure.
     """
 
-    def __init__(self, conn: Connection, window: int = 2000, timeout: float = 30.0, seqs: bool = True) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        window: int = 2000,
+        timeout: float = 30.0,
+        seqs: bool = True,
+        window_bytes: int = DEFAULT_WINDOW_BYTES,
+    ) -> None:
         self.conn = conn
         self.seqs = seqs  # fill the result's seq range and streams (a cost per PubAck the sink skips)
         self.window = max(2, window)
+        self.window_bytes = window_bytes
         self.timeout = timeout
         self.prefix = conn.client.new_inbox()
         self.reply_prefix = f"{self.prefix}.".encode()
         self.result = PublishResult()
         self.sent = 0
         self.outstanding = 0
+        self.outstanding_bytes = 0
+        self._sends: deque[tuple[int, int]] = deque()  # (messages sent up to its end, bytes) of each send not yet acked
         self.failures: list[str] = []
         self._next_token = 0
         self._subjects: list[tuple[int, Callable[[int], str]]] = []  # (first token, token offset -> subject)
@@ -140,7 +154,12 @@ class Publisher:
         """Write ``count`` ready commands in one go once the window has room for them."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
-        while self.outstanding and self.outstanding + count > self.window and not self.failures:
+        size = len(commands)
+        while (
+            self.outstanding
+            and (self.outstanding + count > self.window or self.outstanding_bytes + size > self.window_bytes)
+            and not self.failures
+        ):
             self._room.clear()
             try:
                 await asyncio.wait_for(self._room.wait(), max(0.01, deadline - loop.time()))
@@ -154,8 +173,10 @@ class Publisher:
         # the caller validated subjects and built the whole commands already.
         self.outstanding += count
         self.sent += count
+        self.outstanding_bytes += size
+        self._sends.append((self.sent, size))
         client._pending.append(commands)
-        client._pending_data_size += len(commands)
+        client._pending_data_size += size
         if client._flush_queue is not None and client._flush_queue.empty():
             await client._flush_pending()
 
@@ -221,8 +242,13 @@ class Publisher:
         self._acked(1)
 
     def _acked(self, count: int) -> None:
+        """``count`` more PubAcks: a send's bytes are released once as many PubAcks came as were sent up to its
+        end (a stream acks in order; PubAcks of several streams may interleave, which only delays the release)."""
         self.outstanding -= count
-        if self.outstanding <= self.window // 2 or self.failures:
+        acked, sends = self.sent - self.outstanding, self._sends
+        while sends and sends[0][0] <= acked:
+            self.outstanding_bytes -= sends.popleft()[1]
+        if (self.outstanding <= self.window // 2 and self.outstanding_bytes <= self.window_bytes // 2) or self.failures:
             self._room.set()
             if not self.outstanding or self.failures:
                 self._idle.set()
@@ -244,11 +270,12 @@ def publish_all(
 
 async def _publish_all(conn: Connection, messages: Iterable[Message], window: int, timeout: float) -> PublishResult:
     publisher = await Publisher(conn, window, timeout).open()
-    chunk = max(1, publisher.window // 2)
+    chunk, chunk_bytes = max(1, publisher.window // 2), publisher.window_bytes // 2
     max_payload = conn.client.max_payload
     try:
         commands: list[bytes] = []
         subjects: list[str] = []
+        size = 0
         for subject, payload, headers in messages:
             if not subject or any(c in subject for c in " \t\r\n"):
                 raise PublishError(f"Cannot publish to {subject!r}: a subject is not empty and has no whitespace.")
@@ -261,9 +288,10 @@ async def _publish_all(conn: Connection, messages: Iterable[Message], window: in
             reply = publisher.reply_prefix + str(publisher._next_token + len(commands)).encode()
             commands.append(command(subject.encode(), reply, payload, block))
             subjects.append(subject)
-            if len(commands) >= chunk:
+            size += len(commands[-1])
+            if len(commands) >= chunk or size >= chunk_bytes:
                 await _send_chunk(publisher, commands, subjects)
-                commands, subjects = [], []
+                commands, subjects, size = [], [], 0
         if commands:
             await _send_chunk(publisher, commands, subjects)
         return await publisher.finish()

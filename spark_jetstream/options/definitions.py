@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spark_jetstream.client.connection_options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SERVERS
+from spark_jetstream.client.publish import DEFAULT_WINDOW_BYTES
 from spark_jetstream.errors import OptionError
 from spark_jetstream.options.parsers import (
     parse_ack_policy,
@@ -57,6 +58,7 @@ class Option:
     attr: str = ""
     secret: bool = False
     minimum: float | None = None
+    maximum: float | None = None
     required: frozenset[str] = frozenset()
     batch_doc: str | None = None
 
@@ -74,6 +76,10 @@ class Option:
         if self.minimum is not None and value < self.minimum:
             raise OptionError(
                 f"Option {self.name!r} has an invalid value {shown}: it must be at least {self.minimum:g}."
+            )
+        if self.maximum is not None and value > self.maximum:
+            raise OptionError(
+                f"Option {self.name!r} has an invalid value {shown}: it must be at most {self.maximum:,g}."
             )
         return value
 
@@ -163,6 +169,18 @@ OPTIONS: tuple[Option, ...] = (
         READ,
         "pull",
         minimum=1,
+    ),
+    Option(
+        "recordBatchBytes",
+        parse_size,
+        16 * 1024 * 1024,
+        "Payload and header bytes per Arrow record batch handed to Spark, whatever the message size (a larger "
+        "message gets a batch of its own): bounds the executors' memory and what Spark moves through its direct "
+        "memory.",
+        READ,
+        "pull",
+        minimum=1024,
+        maximum=1024 * 1024 * 1024,
     ),
     Option(
         "stream",
@@ -318,6 +336,16 @@ OPTIONS: tuple[Option, ...] = (
         minimum=1,
     ),
     Option(
+        "directGetMaxBytes",
+        parse_size,
+        8 * 1024 * 1024,
+        "Payload bytes asked for by one Direct Get request (bounds executor memory; a larger message still arrives).",
+        READ,
+        "read",
+        attr="direct_max_bytes",
+        minimum=1024,
+    ),
+    Option(
         "subject",
         parse_subject,
         None,
@@ -368,6 +396,17 @@ OPTIONS: tuple[Option, ...] = (
         "sink",
         attr="window",
         minimum=2,
+    ),
+    Option(
+        "publishWindowBytes",
+        parse_size,
+        DEFAULT_WINDOW_BYTES,
+        "Bytes a task publishes ahead of their PubAcks (with `publishWindow`, whichever is reached first; a "
+        "larger message is still sent, on its own).",
+        frozenset({WRITE}),
+        "sink",
+        attr="window_bytes",
+        minimum=1024,
     ),
     Option(
         "publishTimeout",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from spark_jetstream.options.definitions import BATCH, STREAM, WRITE, Option, options_for
-from spark_jetstream.options.parsers import parse_duration, parse_pull_expires
+from spark_jetstream.options.parsers import parse_duration, parse_pull_expires, parse_size
 
 
 def _default_text(option: Option, mode: str) -> str:
@@ -19,7 +19,17 @@ def _default_text(option: Option, mode: str) -> str:
         return f"{default:g}s"
     if isinstance(default, bool):
         return str(default).lower()
+    if option.parse is parse_size:
+        return _size_text(default)
     return str(default)
+
+
+def _size_text(size: int) -> str:
+    """A size as ``parse_size`` reads it, in the largest unit that divides it (``16m``)."""
+    for unit, factor in (("g", 1 << 30), ("m", 1 << 20), ("k", 1 << 10)):
+        if size % factor == 0:
+            return f"{size // factor}{unit}"
+    return str(size)
 
 
 def _table(options: Iterable[Option], mode: str) -> list[str]:

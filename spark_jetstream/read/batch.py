@@ -52,7 +52,9 @@ class BatchConfig:
     include_headers: bool = default_of("includeHeaders")
     max_range: int = default_of("maxRangePerPartition")
     direct_batch: int = default_of("directGetBatch")
+    direct_max_bytes: int = default_of("directGetMaxBytes")
     record_batch_size: int = default_of("recordBatchSize")
+    record_batch_bytes: int = default_of("recordBatchBytes")
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> BatchConfig:
@@ -134,7 +136,9 @@ def plan(conn: Connection, config: BatchConfig) -> list[SeqRange]:
         partitioned=partitioned,
         include_headers=config.include_headers,
         direct_batch=config.direct_batch,
+        direct_max_bytes=config.direct_max_bytes,
         record_batch_size=config.record_batch_size,
+        record_batch_bytes=config.record_batch_bytes,
     )
     ranges = split(template, first_seqs(conn, stream, filters, start), filters, config.max_range)
     log.info("Batch read of %s seqs (%d, %d]: %d partitions", stream, start, end, len(ranges))

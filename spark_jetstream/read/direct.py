@@ -28,7 +28,7 @@ from spark_jetstream.client.jsapi import NO_MESSAGE_FOUND, JetStreamApi
 from spark_jetstream.client.protocol import STATUS_PREFIX, BulkHandler, status_line
 from spark_jetstream.errors import ApiError, ClusterUnavailableError, ReaderError
 from spark_jetstream.options import default_of
-from spark_jetstream.read.rows import RowBuffer, binary_array
+from spark_jetstream.read.rows import RowBatches, RowBuffer, binary_array
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,9 @@ class SeqRange:
     partitioned: bool
     include_headers: bool = False
     direct_batch: int = default_of("directGetBatch")
+    direct_max_bytes: int = default_of("directGetMaxBytes")
     record_batch_size: int = default_of("recordBatchSize")
+    record_batch_bytes: int = default_of("recordBatchBytes")
 
 
 def first_seqs(conn: Connection, stream: str, filters: Sequence[str], after: int) -> list[int | None]:
@@ -106,7 +108,7 @@ class _DirectReader:
         self.range = seq_range
         self.subject = self.api.subject("DIRECT", "GET", seq_range.stream)
         self.last = seq_range.start  # highest seq read
-        self.rows = RowBuffer()
+        self.batches = RowBatches(seq_range.record_batch_size, seq_range.record_batch_bytes, seq_range.include_headers)
         self.inbox = ""
         self.sid: int | None = None
         self.batch_done = asyncio.Event()
@@ -127,7 +129,8 @@ class _DirectReader:
     async def next_rows(self) -> RowBuffer | None:
         """The next record batch's worth of rows, or None once the range is read."""
         lagging = 0
-        while not self.done and len(self.rows) < self.range.record_batch_size:
+        ready = self.batches.ready
+        while not self.done and not ready:
             await self._batch()
             if self.done or (self.received and self.pending != 0):
                 continue
@@ -142,10 +145,9 @@ class _DirectReader:
                 await asyncio.sleep(0.1)
             else:
                 self.done = True
-        if not self.rows:
-            return None
-        rows, self.rows = self.rows, RowBuffer()
-        return rows
+        if self.done:
+            self.batches.flush()
+        return ready.popleft() if ready else None
 
     async def _batch(self) -> None:
         """One Direct Get batch from ``last + 1``.
@@ -159,7 +161,12 @@ class _DirectReader:
         deadline = loop.time() + self.conn.api_timeout
         while True:
             wanted = min(self.range.direct_batch, self.range.end - self.last)
-            request = {"seq": self.last + 1, "next_by_subj": self.range.filter, "batch": wanted}
+            request = {
+                "seq": self.last + 1,
+                "next_by_subj": self.range.filter,
+                "batch": wanted,
+                "max_bytes": self.range.direct_max_bytes,  # the server always sends the first message, however large
+            }
             self.received, self.pending, self.error, self.unavailable = 0, None, None, False
             self.batch_done.clear()
             await self.conn.client.publish(self.subject, json.dumps(request).encode(), reply=self.inbox)
@@ -207,7 +214,7 @@ class _DirectReader:
                     break  # another subscription's, headers it cannot vouch for, or not all here yet
                 pos = end + 2
                 own_headers = bytes(view[start:own_end]) + b"\r\n" if keep_headers else None
-                keep(int(seq), subject, bytes(view[header_end:end]), stamp, own_headers, pending)
+                keep(int(seq), subject, view[header_end:end], stamp, own_headers, pending)
             return pos
 
         return take
@@ -236,7 +243,13 @@ class _DirectReader:
         )
 
     def _keep(
-        self, seq: int, subject: bytes, data: bytes, stamp: bytes, headers: bytes | None, pending: bytes | None
+        self,
+        seq: int,
+        subject: bytes,
+        data: bytes | memoryview,
+        stamp: bytes,
+        headers: bytes | None,
+        pending: bytes | None,
     ) -> None:
         """One message of a reply into the rows, whichever path parsed it (loop thread, once per message)."""
         if seq <= self.last or self.done:
@@ -246,13 +259,7 @@ class _DirectReader:
             return
         self.received += 1
         self.pending = int(pending) if pending is not None else -1
-        rows = self.rows
-        rows.subjects.append(subject)
-        rows.data.append(data)
-        rows.seqs.append(seq)
-        rows.times.append(stamp)  # type: ignore[arg-type]  # RFC 3339, parsed per batch
-        if self.range.include_headers:
-            rows.headers.append(headers)
+        self.batches.add(subject, data, seq, stamp, headers)  # the time as RFC 3339 text, parsed per batch
         self.last = seq
 
     async def _leader_has_more(self) -> bool:

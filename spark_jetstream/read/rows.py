@@ -12,6 +12,7 @@ worker, on the way to the first batch).
 from __future__ import annotations
 
 from array import array
+from collections import deque
 from collections.abc import Sequence
 from functools import cache
 from itertools import accumulate
@@ -21,7 +22,7 @@ import pyarrow as pa
 from spark_jetstream.client.protocol import header_fields
 from spark_jetstream.read.row_schema import columns, spark_schema_ddl
 
-__all__ = ["HEADERS_TYPE", "RowBuffer", "arrow_schema", "parse_headers", "spark_schema_ddl"]
+__all__ = ["HEADERS_TYPE", "RowBatches", "RowBuffer", "arrow_schema", "parse_headers", "spark_schema_ddl"]
 
 HEADERS_TYPE = pa.map_(pa.string(), pa.list_(pa.string()))
 
@@ -119,27 +120,46 @@ def _offsets(ends: list[int]) -> pa.Array:
 
 
 class RowBuffer:
-    """Columns of messages being collected for one record batch."""
+    """Columns of messages being collected for one record batch.
 
-    __slots__ = ("data", "headers", "nbytes", "seqs", "subjects", "times")
+    Payloads are copied straight from the read buffer into one ``bytearray`` (the data column's
+    values buffer), so a batch holds each payload once and the Arrow column is built without a copy.
+    """
+
+    __slots__ = ("headers", "nbytes", "offsets", "payload", "seqs", "subjects", "times")
 
     def __init__(self) -> None:
-        self.nbytes = 0  # payload bytes, to bound memory by bytes as well as rows
+        self.nbytes = 0  # payload and header bytes: what the byte bound counts
         self.subjects: list[bytes] = []
-        self.data: list[bytes] = []
+        self.payload = bytearray()
+        self.offsets = array("i", [0])  # where each payload ends in ``payload``
         self.seqs: list[int] = []
-        self.times: list[int] | pa.Array = []  # ns since the epoch (a direct read sets an array)
+        self.times: list[int] | list[bytes] | pa.Array = []  # ns since the epoch, or RFC 3339 text (Direct Get)
         self.headers: list[bytes | None] = []
 
     def __len__(self) -> int:
         return len(self.seqs)
+
+    def add(self, subject: bytes, data: bytes | memoryview, seq: int, stamp: int | bytes) -> None:
+        self.subjects.append(subject)
+        self.payload += data
+        self.offsets.append(len(self.payload))
+        self.seqs.append(seq)
+        self.times.append(stamp)  # type: ignore[union-attr,arg-type]
+        self.nbytes += len(data)
+
+    def data_array(self) -> pa.Array:
+        """The data column, over ``payload`` itself (no copy): the buffer is done growing once this is built."""
+        return pa.Array.from_buffers(
+            pa.binary(), len(self.seqs), [None, pa.py_buffer(self.offsets), pa.py_buffer(self.payload)]
+        )
 
     def to_record_batch(self, stream: str, partitioned: bool, include_headers: bool) -> pa.RecordBatch:
         """Build the batch; on a partitioned stream the leading partition token moves to its column."""
         n = len(self.seqs)
         times = self.times
         if not isinstance(times, pa.Array):
-            times = int64_array(times, pa.timestamp("ns", tz="UTC"))
+            times = int64_array(times, pa.timestamp("ns", tz="UTC"))  # type: ignore[arg-type]
         subjects = binary_array(self.subjects).cast(pa.string())
         if partitioned:
             import pyarrow.compute as pc  # not at module level: the driver imports this module and needs no pc (~20 ms)
@@ -151,7 +171,7 @@ class RowBuffer:
             partition = pa.nulls(n, pa.int32())
         columns = [
             subjects,
-            binary_array(self.data),
+            self.data_array(),
             repeated_string(stream, n),
             int64_array(self.seqs),
             times.cast(pa.timestamp("us", tz="UTC"), safe=False),
@@ -160,3 +180,47 @@ class RowBuffer:
         if include_headers:
             columns.append(headers_array(self.headers))
         return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(include_headers))
+
+
+class RowBatches:
+    """Messages collected into record batches of at most ``max_rows`` rows and ``max_bytes`` payload and
+    header bytes each: what bounds a reader's memory and the Arrow batches Spark moves through its
+    direct memory, whatever the message size. A single message larger than ``max_bytes`` gets a batch
+    of its own. Full batches wait in ``ready`` for the caller."""
+
+    __slots__ = ("keep_headers", "max_bytes", "max_rows", "ready", "rows")
+
+    def __init__(self, max_rows: int, max_bytes: int, keep_headers: bool) -> None:
+        self.max_rows = max_rows
+        self.max_bytes = max_bytes
+        self.keep_headers = keep_headers
+        self.rows = RowBuffer()
+        self.ready: deque[RowBuffer] = deque()
+
+    def add(
+        self, subject: bytes, data: bytes | memoryview, seq: int, stamp: int | bytes, headers: bytes | None
+    ) -> None:
+        """One message (its header block, or None, counts only for a read that keeps headers)."""
+        headers_size = len(headers) if headers is not None and self.keep_headers else 0
+        rows = self.rows
+        if rows.seqs and rows.nbytes + len(data) + headers_size > self.max_bytes:
+            self.ready.append(rows)
+            rows = self.rows = RowBuffer()
+        rows.add(subject, data, seq, stamp)
+        if self.keep_headers:
+            rows.headers.append(headers)
+            rows.nbytes += headers_size
+        if len(rows.seqs) >= self.max_rows:
+            self.ready.append(rows)
+            self.rows = RowBuffer()
+
+    def flush(self) -> None:
+        """The rows collected so far become a batch of their own (the read is complete)."""
+        if self.rows.seqs:
+            self.ready.append(self.rows)
+            self.rows = RowBuffer()
+
+    def buffered(self) -> tuple[int, int]:
+        """Rows and bytes waiting for the caller."""
+        waiting = [self.rows, *self.ready]
+        return sum(len(rows) for rows in waiting), sum(rows.nbytes for rows in waiting)

@@ -7,6 +7,7 @@ a pure rule over Arrow batches (``tests/test_commands.py``).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -174,13 +175,14 @@ def publish_rows(
     id_prefix: str | None,
 ) -> tuple[int, int]:
     """Publish every row pipelined; return (messages stored, of which duplicates). Raises ``PublishError``."""
-    publisher = conn.run(Publisher(conn, config.window, config.timeout, seqs=False).open())
+    publisher = conn.run(Publisher(conn, config.window, config.timeout, False, config.window_bytes).open())
     commands = Commands(config, columns, id_prefix, conn.client.max_payload)
-    chunk = max(1, publisher.window // 2)
+    chunk, chunk_bytes = max(1, publisher.window // 2), max(1, publisher.window_bytes // 2)
     try:
         for batch in batches:
-            for start in range(0, batch.num_rows, chunk):
-                rows = batch.slice(start, chunk)
+            payload_ends = pc.cumulative_sum(pc.binary_length(batch.column(columns.data)).fill_null(0)).to_pylist()
+            for start, length in slices(payload_ends, chunk, chunk_bytes):
+                rows = batch.slice(start, length)
                 # This publisher's tokens count from 0, so they number the task's rows too.
                 first = publisher.reserve(rows.num_rows, _subject_lookup(rows, columns, config))
                 built = commands.build(rows, first, publisher.reply_prefix)
@@ -189,6 +191,18 @@ def publish_rows(
     finally:
         conn.run(publisher.close(), timeout=10)
     return result.count, result.duplicates
+
+
+def slices(payload_ends: list[int], max_rows: int, max_bytes: int) -> Iterator[tuple[int, int]]:
+    """(first row, rows) of consecutive slices of at most ``max_rows`` rows and ``max_bytes`` payload bytes
+    (``payload_ends``: the running total of the rows' payload sizes); a larger row is a slice of its own."""
+    start, count = 0, len(payload_ends)
+    while start < count:
+        before = payload_ends[start - 1] if start else 0
+        stop = bisect.bisect_right(payload_ends, before + max_bytes, start, min(count, start + max_rows))
+        stop = max(stop, start + 1)
+        yield start, stop - start
+        start = stop
 
 
 def _subject_lookup(rows: pa.RecordBatch, columns: Columns, config: SinkConfig) -> Any:

@@ -30,6 +30,7 @@ class SinkConfig:
     commit_bucket: str = default_of("commitBucket")
     commit_bucket_replicas: int = default_of("commitBucketReplicas")
     window: int = default_of("publishWindow")
+    window_bytes: int = default_of("publishWindowBytes")
     timeout: float = default_of("publishTimeout")
 
     @classmethod

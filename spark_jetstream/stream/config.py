@@ -24,7 +24,7 @@ class PullSettings:
     idle_heartbeat: float = default_of("pullIdleHeartbeat")  # parse_options keeps it at most expires / 2
     record_batch_size: int = default_of("recordBatchSize")
     max_bytes: int = default_of("pullMaxBytes")
-    record_batch_bytes: int = 32 * 1024 * 1024
+    record_batch_bytes: int = default_of("recordBatchBytes")
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> PullSettings:
@@ -54,6 +54,7 @@ class SourceConfig:
     ack_wait: float = default_of("ackWait")
     ack_policy: str = default_of("ackPolicy")
     direct_batch: int = default_of("directGetBatch")
+    direct_max_bytes: int = default_of("directGetMaxBytes")
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> SourceConfig:

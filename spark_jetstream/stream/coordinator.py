@@ -219,7 +219,9 @@ class Coordinator:
                 partitioned=layout.partitioned,
                 include_headers=self.config.include_headers,
                 direct_batch=self.config.direct_batch,
+                direct_max_bytes=self.config.direct_max_bytes,
                 record_batch_size=self.config.pull.record_batch_size,
+                record_batch_bytes=self.config.pull.record_batch_bytes,
             )
             return split(template, first_seqs(self.conn, self.stream, filters, start.seq), filters, end.seq - start.seq)
         return [

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from spark_jetstream.client.protocol import PIN_HEADER, BulkHandler, header_value
-from spark_jetstream.read.rows import RowBuffer
+from spark_jetstream.read.rows import RowBatches, RowBuffer
 
 if TYPE_CHECKING:
     from spark_jetstream.stream.config import PullSettings
@@ -41,21 +41,17 @@ class Deliveries:
         self.on_run = on_run  # called once per run of deliveries with their count
         self.last_seq = member.start
         self.pin_id: str | None = None
-        self.rows = RowBuffer()
-        self.ready: deque[RowBuffer] = deque()
+        self.batches = RowBatches(settings.record_batch_size, settings.record_batch_bytes, member.include_headers)
         self.done = False
         self.received = 0  # messages and statuses that arrived (counted, not timed: the hot path stays lean)
 
-    def buffered(self) -> tuple[int, int]:
-        """Rows and payload bytes waiting for the caller."""
-        ready = self.ready
-        return len(self.rows) + sum(len(rows) for rows in ready), self.rows.nbytes + sum(r.nbytes for r in ready)
+    @property
+    def ready(self) -> deque[RowBuffer]:
+        return self.batches.ready
 
     def finish(self) -> None:
         self.done = True
-        if self.rows:
-            self.ready.append(self.rows)
-            self.rows = RowBuffer()
+        self.batches.flush()
         self.wakeup.set()
 
     def handler(self, sid: int) -> BulkHandler:
@@ -68,8 +64,7 @@ class Deliveries:
         own = b"%d" % sid
 
         def take(buf: bytearray, view: memoryview, pos: int) -> int:
-            member, settings = self.member, self.settings
-            end_seq, keep_headers = member.end, member.include_headers
+            end_seq, batches = self.member.end, self.batches
             taken = 0
             while True:
                 eol = buf.find(b"\r\n", pos)
@@ -105,19 +100,10 @@ class Deliveries:
                     if seq > end_seq:
                         self.finish()
                         continue
-                    rows = self.rows
-                    data = bytes(view[start + header_size : end])
-                    rows.subjects.append(args[1])
-                    rows.data.append(data)
-                    rows.seqs.append(seq)
-                    rows.nbytes += len(data)
-                    rows.times.append(int(tokens[7 + base]))
-                    if keep_headers:
-                        rows.headers.append(bytes(view[start : start + header_size]) if headed else None)
+                    headers = bytes(view[start : start + header_size]) if headed and batches.keep_headers else None
+                    batches.add(args[1], view[start + header_size : end], seq, int(tokens[7 + base]), headers)
                     self.last_seq = seq
-                    if len(rows.seqs) >= settings.record_batch_size or rows.nbytes >= settings.record_batch_bytes:
-                        self.ready.append(rows)
-                        self.rows = RowBuffer()
+                    if batches.ready:
                         self.wakeup.set()
                 if seq >= end_seq or tokens[8 + base] == b"0":  # range complete, or nothing more matches
                     self.finish()

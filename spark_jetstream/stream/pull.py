@@ -195,7 +195,7 @@ class _PinnedPull:
         if self.deliveries.done or self.error is not None or self.sid is None or self.needs_check:
             return
         deliveries, client = self.deliveries, self.conn.client
-        for request in self.window.next_requests(deliveries.pin_id, deliveries.buffered(), client.max_payload):
+        for request in self.window.next_requests(deliveries.pin_id, deliveries.batches.buffered(), client.max_payload):
             task = self.conn.loop.create_task(client.publish(self.pull_subject, request, reply=self.inbox))
             self.sending.add(task)
             task.add_done_callback(self._sent)
