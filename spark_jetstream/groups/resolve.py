@@ -39,13 +39,17 @@ def find_group(api: JetStreamApi, stream: str, group: str) -> tuple[GroupConfig,
     Read with STREAM.MSG.GET from the bucket's leader, so a config just written is seen. Both buckets
     are asked at once (a missing bucket costs a second round trip, to the meta leader).
     """
+    return api.conn.run(find_group_async(api, stream, group))
+
+
+async def find_group_async(api: JetStreamApi, stream: str, group: str) -> tuple[GroupConfig, int] | None:
+    """``find_group`` on the connection's loop."""
     key = group_key(stream, group)
     buckets = ((STATIC_BUCKET, "static"), (ELASTIC_BUCKET, "elastic"))
-
-    async def ask() -> list[DirectMessage | None]:
-        return await asyncio.gather(*(get_entry_async(api, bucket, key) for bucket, _ in buckets))
-
-    for (bucket, kind), entry in zip(buckets, api.conn.run(ask()), strict=True):
+    entries: list[DirectMessage | None] = await asyncio.gather(
+        *(get_entry_async(api, bucket, key) for bucket, _ in buckets)
+    )
+    for (bucket, kind), entry in zip(buckets, entries, strict=True):
         if entry is not None:
             return GroupConfig.from_json(kind, entry.data, f"group config {key} in KV bucket {bucket}"), entry.seq
     return None
@@ -104,8 +108,20 @@ def resolve_layout(
     Only a streaming query creates an elastic group's missing work stream; batch reads and the command
     line never change the server.
     """
+    found = find_group(api, source_config["name"], group)
+    return layout_of(api, source_config, group, members, found, create_work_stream)
+
+
+def layout_of(
+    api: JetStreamApi,
+    source_config: dict[str, Any],
+    group: str,
+    members: int | None,
+    found: tuple[GroupConfig, int] | None,
+    create_work_stream: bool = False,
+) -> GroupLayout:
+    """``resolve_layout`` with the group's config already looked up (``find_group``)."""
     stream = source_config["name"]
-    found = find_group(api, stream, group)
     if found is None:
         return derived_layout(source_config, group, members)
     config = found[0]

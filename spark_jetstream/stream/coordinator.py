@@ -9,6 +9,7 @@ floor equals the last offset in Spark's commit log. Ownership of the group is ``
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from spark_jetstream.client.connection import Connection, connect
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import GroupConfigError
 from spark_jetstream.groups.layout import GroupLayout
-from spark_jetstream.groups.resolve import resolve_layout
+from spark_jetstream.groups.resolve import find_group_async, layout_of, resolve_layout
 from spark_jetstream.read.direct import SeqRange, first_seqs, split
 from spark_jetstream.read.start import check_data_loss, start_after
 from spark_jetstream.stream.config import SourceConfig
@@ -34,6 +35,10 @@ log = logging.getLogger(__name__)
 
 STREAM_INFO_INTERVAL = 0.1
 """Seconds between stream-info calls while Spark polls an idle stream (it asks every 10 ms)."""
+FLOOR_WAIT = 0.5
+"""Seconds a Direct Get query waits for its member consumers' floors before the next batch goes on without them."""
+LAYOUT_WAIT = 1.0
+"""Seconds planning waits for the group's config before the batch keeps the last batch's layout."""
 
 
 @dataclass(frozen=True)
@@ -124,14 +129,31 @@ class Coordinator:
             self.api, self._source_config, self.config.group, self.config.members, create_work_stream=True
         )
 
+    def _layout_now(self) -> GroupLayout:
+        """The layout for the next batch: a membership change takes effect at this batch boundary. When the group's
+        config cannot be read within ``LAYOUT_WAIT`` (without a config bucket, telling a missing bucket from an
+        election needs the meta leader, and one killed takes 4-9 s to replace), the last batch's layout: the change
+        then takes effect at a later boundary, and the query does not stall meanwhile."""
+        config = self.config
+        lookup = asyncio.wait_for(find_group_async(self.api, self._source_config["name"], config.group), LAYOUT_WAIT)
+        try:
+            found = self.conn.run(lookup)
+        except TimeoutError:
+            log.info("Group %r's config could not be read in %gs: keeping its layout", config.group, LAYOUT_WAIT)
+            return self.layout
+        return layout_of(self.api, self._source_config, config.group, config.members, found, create_work_stream=True)
+
     def _acknowledge(self, committed: Watermark, remade: bool = False) -> None:
-        """Move the floors (``MemberConsumers.acknowledge``); fail first if another client is on a member consumer."""
-        pins, acked = self.pins, self.members.acked_through
-        if pins is not None:
-            pins.raise_error()
-            if acked is not None and (remade or committed.seq > acked):
-                self.conn.run(pins.check())  # before the RESETs clear what another client's pulls left
-        self.members.acknowledge(committed.seq, self.state().retention, remade)
+        """Move the floors (``MemberConsumers.acknowledge``); fail first if another client is on a member consumer.
+
+        On the Direct Get path the next batch waits at most ``FLOOR_WAIT`` for them: nothing of its reads needs
+        a member consumer, and one whose leader is being elected (4-9 s after its server crashed) would hold up
+        the query for the whole election. Pulls need their consumers: there the floors are always waited for.
+        """
+        if self.pins is not None:
+            self.pins.raise_error()
+        wait = FLOOR_WAIT if self.direct else None
+        self.members.acknowledge(committed.seq, self.state().retention, remade, wait)
         if self.pins is not None:
             self.pins.start()  # the floors are set: a pin's taking delivery can be reset to them
 
@@ -192,7 +214,7 @@ class Coordinator:
         """
         if end.seq <= start.seq:
             return []
-        layout = self.resolve_layout()
+        layout = self._layout_now()
         if layout.stream != self.stream:
             raise GroupConfigError(
                 f"Group {self.config.group!r} now reads stream {layout.stream!r} ({layout.kind}) instead of "

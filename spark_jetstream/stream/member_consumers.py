@@ -2,7 +2,9 @@
 
 ``MemberConsumers.acknowledge`` is the only code that moves ack floors: it RESETs every member
 consumer to the committed watermark (the ack on commit), and the first time in a query run it
-reconciles floors left behind or ahead by an earlier run.
+reconciles floors left behind or ahead by an earlier run. Each consumer's floor is moved by a task of
+its own, so a consumer whose leader is being elected holds up neither the others nor, on the Direct Get
+path (``wait``), the next batch.
 """
 
 from __future__ import annotations
@@ -10,10 +12,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.errors import ApiError, ConsumerNotFoundError, DataLossError, GroupConfigError, OptionError
+from spark_jetstream.errors import (
+    ApiError,
+    ConsumerNotFoundError,
+    DataLossError,
+    GroupConfigError,
+    OptionError,
+)
 from spark_jetstream.groups.layout import GroupLayout
 from spark_jetstream.options import ACK_POLICIES
 from spark_jetstream.read.start import member_infos
@@ -49,8 +59,13 @@ class MemberConsumers:
         self.ack_wait = ack_wait
         self.ack_policy = ack_policy
         self.owner = owner
-        self.acked_through: int | None = None  # the watermark every member consumer was last reset to
-        self.lock = asyncio.Lock()  # held while floors move, so another RESET never lands in between
+        self.acked_through: int | None = None  # the committed watermark every floor is moved to
+        self.moved: dict[str, int] = {}  # consumer -> the watermark its floor was last reset to
+        # per consumer, held while its floor moves, so another RESET (a pin's taking) never lands in between
+        self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.before_reset: Callable[[str], Awaitable[None]] | None = None  # a check that a RESET would erase
+        self.error: Exception | None = None  # why a floor could not be moved
+        self._movers: dict[str, asyncio.Task[None]] = {}
         # layout changes started plus ended: odd while the consumers are being made to match a new layout
         self.layout_changes = 0
 
@@ -193,41 +208,76 @@ class MemberConsumers:
 
     # -- ack floors ------------------------------------------------------------------------------
 
-    def acknowledge(self, committed: int, retention: str, remade: bool = False) -> None:
+    def acknowledge(self, committed: int, retention: str, remade: bool = False, wait: float | None = None) -> None:
         """Spark committed everything up to ``committed``: make every ack floor equal it. The one place
         ack floors move.
 
         The first time in a run this reconciles: a consumer behind is moved forward; one ahead
         (acked data Spark never committed) is an error unless the stream keeps acked messages.
         ``remade``: the consumers were just made for a new layout, so every floor is set again.
+        ``wait``: at most this long for the floors (None: until they moved); a consumer without a
+        leader then moves its floor when it has one again (never past the commit), and a floor that
+        cannot be moved at all fails the next call.
         """
+        if self.error is not None:
+            raise self.error
         if self.acked_through is None:
             self._reconcile(committed, retention)
         elif remade or committed > self.acked_through:
-            self._reset_all(committed, retention)
+            self._move_floors(committed, retention, None if remade else wait, everyone=remade)
 
-    def _reset_all(self, seq: int, retention: str) -> None:
-        """Move every member consumer's ack floor to ``seq``.
+    def _move_floors(self, seq: int, retention: str, wait: float | None, everyone: bool = False) -> None:
+        """Move every member consumer's ack floor to ``seq`` (``everyone``: also those already there).
 
         On a WorkQueue stream a RESET does not remove the messages it skips (measured on 2.15.1;
-        Interest streams do drop them), so the group's subjects below ``seq + 1`` are purged too.
+        Interest streams do drop them), so the member's subjects below ``seq + 1`` are purged too.
         """
-        layout, api = self.layout, self.api
+        self.acked_through = seq
+        if everyone:
+            self.moved.clear()
+        members = self.layout.member_names
+        self._wait(members[:1], retention, wait)
+        if seq > 0:
+            fault_point("commit")  # a crash with only some floors moved
+        self._wait(members[1:], retention, wait)
 
-        async def reset() -> None:
-            consumers = [layout.consumer(member) for member in layout.member_names]
-            async with self.lock:
-                await api.reset(self.stream, consumers[0], seq + 1)
-                if seq > 0:
-                    fault_point("commit")  # a crash with only some floors moved
-                # together: a consumer whose leader is being elected holds up the commit once, not per member
-                await asyncio.gather(*(api.reset(self.stream, consumer, seq + 1) for consumer in consumers[1:]))
-                self.acked_through = seq
-            if retention == "workqueue":
-                subjects = [s for m in layout.member_names for s in layout.filter_subjects(m)] or [""]
-                await asyncio.gather(*(api.purge_below(self.stream, seq + 1, s) for s in subjects))
+    def _wait(self, members: list[str], retention: str, wait: float | None) -> None:
+        """Start the floor movers of ``members`` (or join those at work) and wait up to ``wait`` seconds for them."""
 
-        api.conn.run(reset())
+        async def moved() -> None:
+            movers = [self._mover(member, retention) for member in members]
+            if movers:
+                await asyncio.wait(movers, timeout=wait)
+
+        self.api.conn.run(moved())
+        if self.error is not None:
+            raise self.error
+
+    def _mover(self, member: str, retention: str) -> asyncio.Task[None]:
+        """The task moving ``member``'s floor to ``acked_through`` (loop thread): the running one, or a new one."""
+        consumer = self.layout.consumer(member)
+        if (running := self._movers.get(consumer)) is not None:
+            return running
+
+        async def move() -> None:
+            try:
+                while (target := self.acked_through or 0) > self.moved.get(consumer, -1):
+                    async with self.locks[consumer]:
+                        target = self.acked_through or 0
+                        if self.before_reset is not None:
+                            await self.before_reset(consumer)
+                        await self.api.reset(self.stream, consumer, target + 1)
+                        self.moved[consumer] = target
+                    if retention == "workqueue":
+                        subjects = self.layout.filter_subjects(member) or [""]
+                        await asyncio.gather(*(self.api.purge_below(self.stream, target + 1, s) for s in subjects))
+            except Exception as exc:  # the query fails at its next call, with this error
+                self.error = self.error or exc
+            finally:
+                del self._movers[consumer]
+
+        task = self._movers[consumer] = asyncio.get_running_loop().create_task(move())
+        return task
 
     def _removed_after(self, committed: int, floor: int) -> bool:
         """Whether a message with ``committed < seq <= floor`` left the stream."""
@@ -252,7 +302,7 @@ class MemberConsumers:
             if floor != committed:
                 consumer = self.layout.consumer(member)
                 log.info("Moving %s's ack floor from %d to the checkpoint %d", consumer, floor, committed)
-        self._reset_all(committed, retention)
+        self._move_floors(committed, retention, None, everyone=True)
 
 
 _DURATIONS = ("ack_wait", "priority_timeout")

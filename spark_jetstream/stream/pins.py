@@ -61,8 +61,10 @@ class PinKeeper:
         self._task: asyncio.Future[None] | None = None
 
     def start(self) -> None:
-        """Start keeping pins, once the first acknowledge set the floors a taken pin's delivery is reset to."""
+        """Start keeping pins, once the first acknowledge set the floors a taken pin's delivery is reset to;
+        from then on each floor moves only after its consumer was checked."""
         if self._task is None:
+            self.members.before_reset = self.check
             self._task = asyncio.run_coroutine_threadsafe(self._run(), self.conn.loop)
 
     def stop(self) -> None:
@@ -108,20 +110,22 @@ class PinKeeper:
         await asyncio.gather(*(self._keep(consumer, unpin) for consumer in consumers))
         await self.check()
 
-    async def check(self) -> None:
-        """Raise when another client pulled from, pinned, changed or deleted a member consumer. Also run
-        right before the floors move, as a RESET clears the evidence of deliveries."""
+    async def check(self, consumer: str | None = None) -> None:
+        """Raise when another client pulled from, pinned, changed or deleted a member consumer (``consumer``:
+        only that one). Also run for a consumer right before its floor moves (``MemberConsumers.before_reset``),
+        as a RESET clears the evidence of deliveries."""
         layout, changes = self.members.layout, self.members.layout_changes
+        members = [m for m in layout.member_names if consumer is None or layout.consumer(m) == consumer]
         before = dict(self.takes)
-        infos = await asyncio.gather(*(self._info(layout.consumer(member)) for member in layout.member_names))
+        infos = await asyncio.gather(*(self._info(layout.consumer(member)) for member in members))
         if changes % 2 or changes != self.members.layout_changes:
             return  # the query itself changed the consumers meanwhile; the next round checks the result
-        for member, info in zip(layout.member_names, infos, strict=True):
-            consumer = layout.consumer(member)
-            takes = self.takes.get(consumer, 0)
-            if takes == before.get(consumer, 0) and takes % 2 == 0:  # no taking delivery in the info
-                self._check(consumer, info)
-        if (changed := self.members.changed_error(dict(zip(layout.member_names, infos, strict=True)))) is not None:
+        for member, info in zip(members, infos, strict=True):
+            name = layout.consumer(member)
+            takes = self.takes.get(name, 0)
+            if takes == before.get(name, 0) and takes % 2 == 0:  # no taking delivery in the info
+                self._check(name, info)
+        if (changed := self.members.changed_error(dict(zip(members, infos, strict=True)))) is not None:
             raise changed
 
     async def _info(self, consumer: str) -> dict[str, Any] | None:
@@ -145,7 +149,7 @@ class PinKeeper:
             status, pin = await self._pull(consumer, {"batch": 1, "expires": int(_TAKE_WAIT * _NS)})
             if pin is None:
                 return  # nothing to deliver yet, or another client is pinned (the check finds out)
-            async with self.members.lock:  # not between a commit's RESETs, and to the floor it set
+            async with self.members.locks[consumer]:  # not during a RESET of the commit's, and to the floor it set
                 await self._undo_delivery(consumer)
         finally:
             self.takes[consumer] += 1
@@ -162,9 +166,11 @@ class PinKeeper:
             if info["delivered"]["consumer_seq"] > 0:
                 break
             await asyncio.sleep(0.02)
+        committed = self.members.acked_through or 0
         for _ in range(_UNDO_TRIES):
-            info = await self.api.reset(stream, consumer, self.members.acked_through + 1)
+            info = await self.api.reset(stream, consumer, committed + 1)
             if info["delivered"]["consumer_seq"] == 0:
+                self.members.moved[consumer] = committed
                 return
             await asyncio.sleep(0.05)
         raise ReaderError(f"Member consumer {consumer!r} kept a delivery through {_UNDO_TRIES} RESETs")

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,8 +26,9 @@ if TYPE_CHECKING:
 class Publisher:
     """Publishes ``rate`` msg/s to ``<prefix>.k<n>`` from a thread of its own, each message retried until its
     PubAck comes (a ``Nats-Msg-Id`` makes a retry of a stored message a duplicate), and tracks the last acked
-    seq; with ``record``, also every acked message (``messages``: seq -> (subject, payload)). ``stop()`` ends
-    the publishing and waits up to ``drain`` seconds for the messages still unacknowledged."""
+    seq and when each PubAck came (``acks``: (time.time(), seq)); with ``record``, also every acked message
+    (``messages``: seq -> (subject, payload)). ``stop()`` ends the publishing and waits up to ``drain`` seconds
+    for the messages still unacknowledged."""
 
     def __init__(self, servers: list[str], rate: int, prefix: str = "lead", record: bool = False) -> None:
         self.servers = servers
@@ -35,6 +37,7 @@ class Publisher:
         self.last_seq = 0
         self.published = 0
         self.retries = 0
+        self.acks: list[tuple[float, int]] = []
         self.messages: dict[int, tuple[str, bytes]] | None = {} if record else None
         self._drain = 20.0
         self._stop = threading.Event()
@@ -62,6 +65,7 @@ class Publisher:
                 self.retries += 1
                 await asyncio.sleep(0.2)
                 continue
+            self.acks.append((time.time(), ack.seq))
             self.last_seq = max(self.last_seq, ack.seq)
             self.published += 1
             if self.messages is not None:
@@ -138,8 +142,9 @@ FAULT_SIGNALS = {"stream leader": signal.SIGKILL, "consumer leader": signal.SIGK
 @dataclass
 class InjectedFault:
     """A fault sent at ``at`` (``time.time()``) when the publisher's last seq was ``last_seq``; ``watcher``
-    sets ``elected`` (seconds from the fault until a successor answered) and ``restarted`` (seconds until
-    the victim was started again on its store), and ends once both happened or ``watch`` s passed."""
+    sets ``elected`` (seconds from the fault until the successor became leader: its ``leader_since``, or for the
+    meta leader when it answered) and ``restarted`` (seconds until the victim was started again on its store),
+    and ends once both happened or ``watch`` s passed."""
 
     fault: str
     at: float
@@ -170,7 +175,8 @@ def inject_fault(
     stream and meta leaders first, so the fault is the consumer's alone, or ``meta leader``) by sending ``sig``
     (default ``FAULT_SIGNALS[fault]``) to the server holding that leadership; a watcher thread records when a
     successor answered (the stream or consumer info names another leader, or a surviving server's ``/jsz``
-    names a new meta leader) and restarts the victim on its store ``down`` s after the fault."""
+    names a new meta leader; the time is the successor's ``leader_since``) and restarts the victim on its store
+    ``down`` s after the fault."""
     names = [s.name for s in cluster.servers]
     by_name = {s.name: s for s in cluster.servers}
     meta = meta_leader(cluster.servers) or ""
@@ -195,23 +201,25 @@ def inject_fault(
     assert victim.process is not None
     victim.process.send_signal(sig or FAULT_SIGNALS[fault])
 
-    def successor() -> str | None:
+    def successor() -> tuple[str | None, float]:
+        """The leader now, and since when (its ``leader_since``, else now)."""
         survivors = [s for s in cluster.servers if s is not victim]
         if fault == "meta leader":
-            return meta_leader(survivors)
+            return meta_leader(survivors), time.time()
         info = api.stream_info(stream) if fault == "stream leader" else api.consumer_info(stream, consumers[0])
-        return info["cluster"].get("leader")
+        since = info["cluster"].get("leader_since")
+        return info["cluster"].get("leader"), datetime.fromisoformat(since).timestamp() if since else time.time()
 
     def follow() -> None:
         at = injected.at
         while time.time() < at + watch:
             if injected.elected is None:
                 try:
-                    leader = successor()
+                    leader, since = successor()
                 except Exception:
                     leader = None
                 if leader and leader != victim.name:
-                    injected.elected = time.time() - at
+                    injected.elected = since - at
             if victim.process is not None and victim.process.poll() is not None:
                 victim.process = None
             if victim.process is None and time.time() >= at + down:
@@ -224,6 +232,23 @@ def inject_fault(
     injected.watcher = threading.Thread(target=follow, name="fault-watch", daemon=True)
     injected.watcher.start()
     return injected
+
+
+STALL = 0.5
+"""Seconds without a PubAck that count as the stream not taking writes (the publisher sends every 20 ms)."""
+
+
+def writable_again(publisher: Publisher, injected: InjectedFault, window: float = 60.0) -> tuple[float, int] | None:
+    """When the stream took writes again after the fault, and the seq stored then: the first PubAck after the
+    longest silence of more than ``STALL`` s between PubAcks from the fault on, or without such a stall the first
+    PubAck after the fault. None: no PubAck since the fault."""
+    times = sorted((t, seq) for t, seq in list(publisher.acks) if injected.at < t <= injected.at + window)
+    if not times:
+        return None
+    starts = [injected.at, *(t for t, _ in times[:-1])]
+    gaps = [(later[0] - earlier, later) for earlier, later in zip(starts, times, strict=True)]
+    longest, after = max(gaps, key=lambda gap: gap[0])
+    return after if longest > STALL else times[0]
 
 
 def commits(checkpoint: Path) -> list[tuple[float, int]]:
