@@ -107,30 +107,30 @@ def _worker_ready(_: int) -> int:
     return os.getpid()
 
 
-def drain(address: tuple[str, int], consumer: str) -> int:
+def drain(address: tuple[str, int], consumer: str, stream: str = STREAM) -> int:
     """``raw_drain`` on an inbox of its own: concurrent drains on one shared inbox see each other's messages."""
-    return raw_drain(address, STREAM, consumer, b"%s.%d.%s" % (INBOX, os.getpid(), consumer.encode()))
+    return raw_drain(address, stream, consumer, b"%s.%d.%s" % (INBOX, os.getpid(), consumer.encode()))
 
 
-def _drain(job: tuple[tuple[str, int], str]) -> tuple[str, int, float]:
-    address, consumer = job
+def _drain(job: tuple[tuple[str, int], str, str]) -> tuple[str, int, float]:
+    address, consumer, stream = job
     began = time.perf_counter()
-    count = drain(address, consumer)
+    count = drain(address, consumer, stream)
     return consumer, count, time.perf_counter() - began
 
 
-def reset_members(conn: Connection, consumers: list[str]) -> int:
+def reset_members(conn: Connection, consumers: list[str], stream: str = STREAM) -> int:
     """UNPIN and RESET every member to seq 1; return the messages now pending on them."""
     api = JetStreamApi(conn)
     pending = 0
     for consumer in consumers:
-        conn.run(api.unpin(STREAM, consumer))
-        pending += conn.run(api.reset(STREAM, consumer, 1))["num_pending"]
+        conn.run(api.unpin(stream, consumer))
+        pending += conn.run(api.reset(stream, consumer, 1))["num_pending"]
     return pending
 
 
 def run_baseline_parallel(
-    conn: Connection, address: tuple[str, int], consumers: list[str], expected: int
+    conn: Connection, address: tuple[str, int], consumers: list[str], expected: int, stream: str = STREAM
 ) -> tuple[float, int]:
     """Drain the members with ``raw_drain`` in ``PARALLEL`` spawned processes; resets and process start not timed."""
     workers = min(PARALLEL, len(consumers))
@@ -138,10 +138,10 @@ def run_baseline_parallel(
         for _ in range(20):  # every worker up and done importing before the clock starts
             if len(set(pool.map(_worker_ready, range(workers), chunksize=1))) == workers:
                 break
-        if reset_members(conn, consumers) != expected:
+        if reset_members(conn, consumers, stream) != expected:
             raise SystemExit("FAILED: the member consumers do not hold every message after RESET to seq 1")
         began = time.perf_counter()
-        results = pool.map(_drain, [(address, c) for c in consumers], chunksize=1)
+        results = pool.map(_drain, [(address, c, stream) for c in consumers], chunksize=1)
         seconds = time.perf_counter() - began
     return seconds, sum(count for _, count, _ in results)
 

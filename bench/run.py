@@ -51,7 +51,7 @@ from pathlib import Path
 
 import leader_change
 from common import WARMUP_STREAM, create_stream, publish, server_version, warmup_messages
-from scenarios import first_batch, latency, memory, read, scaling, write
+from scenarios import first_batch, large_messages, latency, memory, read, scaling, write
 from suite import READ_PARTITIONS, SIZE, WARMUP_MESSAGES, Suite, print_peaks, print_summary
 
 from spark_jetstream.client.connection import ConnectionOptions, close_all, connect
@@ -65,6 +65,7 @@ RUNNERS: dict[str, Callable[[Suite], None]] = {
     "latency": latency.run,
     "write": write.run,
     "memory": memory.run,
+    "large-messages": large_messages.run,
     "first-batch": first_batch.run,
     "leader-change": leader_change.scenario,
 }
@@ -97,11 +98,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--messages", type=int, default=None, help="messages per scenario (1,000,000; quick 100,000)")
     parser.add_argument("--latency-seconds", type=float, default=None, help="publishing time of the latency run")
     parser.add_argument("--rate", type=int, default=5000, help="msg/s published during the latency run")
+    parser.add_argument("--large-mb", type=int, default=None, help="MB of payload per message size of large-messages")
     parser.add_argument("--storage", choices=("file", "memory"), default="file", help="storage of every stream")
     parser.add_argument("--naive-dir", type=Path, default=NAIVE_DIR, help="directory holding naive_source.py")
     args = parser.parse_args(argv)
     args.messages = args.messages or (100_000 if args.quick else 1_000_000)
     args.latency_seconds = args.latency_seconds or (15.0 if args.quick else 60.0)
+    args.large_mb = args.large_mb or (200 if args.quick else 1000)
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in args.only if s not in SCENARIOS]
     if unknown or not args.only:

@@ -1,0 +1,91 @@
+"""The raw-protocol Direct Get loop: the baseline of reads that use Direct Get.
+
+``raw_direct`` is the simplest loop on a blocking TCP socket (no nats-py): one Direct Get batch request
+(``seq``, ``next_by_subj``, ``batch``; no ``max_bytes``, so the server sends up to its own per-request
+bound) at a time, reading each reply's ``Nats-Sequence`` and the end-of-batch status and nothing else.
+``run_direct_parallel`` reads one filter subject per spawned process, ``PARALLEL`` at once (as
+``local[2]`` runs 2 tasks at once).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import time
+
+from common import RawSocket
+from raw_pull import PARALLEL, _worker_ready
+
+BATCH = 10_000
+_SEQUENCE = b"Nats-Sequence: "
+_STATUS = b"NATS/1.0 "
+
+
+def raw_direct(address: tuple[str, int], stream: str, subject: str, after: int = 0) -> tuple[int, int]:
+    """Read every message of ``subject`` after seq ``after``; return (messages, payload bytes)."""
+    raw = RawSocket(address)
+    try:
+        raw.handshake()
+        sock, buf = raw.sock, raw.buf
+        inbox = f"_INBOX.rawdirect.{subject.replace('>', 'all').replace('*', 'any')}".encode()
+        sock.sendall(b"SUB " + inbox + b" 1\r\n")
+        api = f"$JS.API.DIRECT.GET.{stream}".encode()
+        count = nbytes = 0
+        seq = after
+        while True:
+            body = json.dumps({"seq": seq + 1, "next_by_subj": subject, "batch": BATCH}).encode()
+            sock.sendall(b"PUB %s %s %d\r\n%s\r\n" % (api, inbox, len(body), body))
+            pending = None
+            while True:  # the replies of this request, up to its end-of-batch status
+                pos = raw.pos
+                eol = buf.find(b"\r\n", pos)
+                if eol < 0:
+                    raw.fill()
+                    continue
+                if buf.startswith(b"HMSG ", pos):
+                    parts = buf[pos:eol].split()  # HMSG <subject> <sid> <header size> <total size>
+                    header_size, total = int(parts[-2]), int(parts[-1])
+                    start = eol + 2
+                    if len(buf) < start + total + 2:
+                        raw.fill()
+                        continue
+                    raw.pos = start + total + 2
+                    if buf.startswith(_STATUS, start) and buf[start + 9 : start + 10].isdigit():
+                        found = buf.find(b"Nats-Num-Pending: ", start, start + header_size)
+                        if found >= 0:
+                            pending = int(buf[found + 18 : buf.find(b"\r\n", found)])
+                        break  # 204 EOB, or 404: nothing (more) matches
+                    at = buf.find(_SEQUENCE, start, start + header_size) + len(_SEQUENCE)
+                    seq = int(buf[at : buf.find(b"\r\n", at)])
+                    count += 1
+                    nbytes += total - header_size
+                elif buf.startswith(b"PING", pos):
+                    raw.pos = eol + 2
+                    sock.sendall(b"PONG\r\n")
+                elif buf.startswith(b"-ERR", pos):
+                    raise ConnectionError(bytes(buf[pos:eol]).decode(errors="replace"))
+                else:  # +OK, PONG, INFO
+                    raw.pos = eol + 2
+            if not pending:
+                return count, nbytes
+    finally:
+        raw.close()
+
+
+def _read(job: tuple[tuple[str, int], str, str]) -> tuple[int, int]:
+    address, stream, subject = job
+    return raw_direct(address, stream, subject)
+
+
+def run_direct_parallel(address: tuple[str, int], stream: str, subjects: list[str]) -> tuple[float, int, int]:
+    """``raw_direct`` of each subject in ``PARALLEL`` spawned processes; return (seconds, messages, bytes).
+    Process start is not timed."""
+    workers = min(PARALLEL, len(subjects))
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        for _ in range(20):  # every worker up and done importing before the clock starts
+            if len(set(pool.map(_worker_ready, range(workers), chunksize=1))) == workers:
+                break
+        began = time.perf_counter()
+        results = pool.map(_read, [(address, stream, s) for s in subjects], chunksize=1)
+        seconds = time.perf_counter() - began
+    return seconds, sum(c for c, _ in results), sum(b for _, b in results)

@@ -1,0 +1,323 @@
+"""``large-messages``: reads and writes of 1 MB, 200 KB and 10 KB messages with default options and Spark's
+default memory: MB/s against raw protocol loops on the same data and against what Spark itself moves from a
+Python source, and the peak RSS of Spark's Python workers.
+
+For each size, ``--large-mb`` MB of payload on a fresh 2-partition stream (file storage):
+
+* Spark's ceiling: a Python source that does no I/O and yields the same rows (the connector's schema, the
+  same payload size, record batches of the connector's default byte bound), streaming and batch, into the
+  same sinks;
+* streaming ``availableNow`` read into ``noop`` (Direct Get) and a bounded batch read (Direct Get,
+  ``count`` and ``sum(length(data))`` checked), each against ``raw_direct`` reading both partition filters
+  in 2 processes;
+* the same streaming read with Direct Get switched off on the stream (the pinned pull path), against the
+  raw pull loop on the same member consumers in 2 processes;
+* ``df.write.format("jetstream")`` of as many rows of that size (2 tasks, msg ids on) against the raw
+  pipelined publisher with msg ids, its window the writer's default bytes in flight.
+
+Targets: every case completes with every Python worker at most ``RSS_TARGET_MB``; reads reach at least
+``RATIO_TARGET`` of the lower of the raw loop and Spark's ceiling. Measured one after another, once each;
+the table says what the rest of the machine used meanwhile.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from common import Cpu, heading
+from raw_direct import run_direct_parallel
+from raw_pull import run_baseline_parallel
+from suite import Measurement, Suite, Summary, start_session
+from write import raw_publish, writer_ids
+
+from spark_jetstream.client.publish import DEFAULT_WINDOW_BYTES, publish_all
+from spark_jetstream.groups.layout import member_consumer_name, partition_filters
+from spark_jetstream.options import default_of
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+
+SIZES = (1_000_000, 200_000, 10_000)
+PARTITIONS = 2
+RSS_TARGET_MB = 512
+RATIO_TARGET = 0.8
+STREAM = "LARGE"
+TARGET = "LARGEW"
+NOIO = "noio-large"
+
+
+@dataclass(frozen=True)
+class Case:
+    size: int
+    what: str
+    mb_s: float
+    raw_mb_s: float
+    ceiling_mb_s: float | None  # Spark's, for reads
+    worker_mb: float
+    cpu: Cpu | None
+
+    @property
+    def ratio(self) -> float:
+        """Against the lower of the raw loop and Spark's ceiling."""
+        bound = min(self.raw_mb_s, self.ceiling_mb_s or self.raw_mb_s)
+        return self.mb_s / bound if bound else float("nan")
+
+
+def noio_source(size: int, count: int) -> type:
+    """A Python data source (streaming and batch) that yields ``count`` rows of ``size`` payload bytes in the
+    connector's schema and record batch bound, in ``PARTITIONS`` partitions, and a writer that drops what it
+    gets, without I/O: what Spark moves from and to any Python source. Defined here, so Spark pickles it by
+    value (no module to install)."""
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceArrowWriter,
+        DataSourceReader,
+        DataSourceStreamReader,
+        InputPartition,
+        WriterCommitMessage,
+    )
+
+    from spark_jetstream.read.row_schema import spark_schema_ddl
+
+    per_batch = max(1, min(default_of("recordBatchSize"), default_of("recordBatchBytes") // size))
+
+    def rows(n: int) -> Iterator[pa.RecordBatch]:
+        from array import array
+
+        import pyarrow as pa
+
+        from spark_jetstream.read.rows import int64_array, repeated_string
+
+        def build(k: int) -> pa.RecordBatch:
+            offsets = pa.py_buffer(array("i", range(0, (k + 1) * size, size)))
+            data = pa.Array.from_buffers(pa.binary(), k, [None, offsets, pa.py_buffer(b"x" * (size * k))])
+            return pa.RecordBatch.from_arrays(
+                [
+                    repeated_string("large.k1", k),
+                    data,
+                    repeated_string(STREAM, k),
+                    int64_array(list(range(1, k + 1))),
+                    int64_array([time.time_ns() // 1000] * k, pa.timestamp("us", tz="UTC")),
+                    pa.Array.from_buffers(pa.int32(), k, [None, pa.py_buffer(array("i", [0] * k))]),
+                ],
+                schema=pa.schema(
+                    [
+                        ("subject", pa.string()),
+                        ("data", pa.binary()),
+                        ("stream", pa.string()),
+                        ("seq", pa.int64()),
+                        ("timestamp", pa.timestamp("us", tz="UTC")),
+                        ("partition", pa.int32()),
+                    ]
+                ),
+            )
+
+        full = build(per_batch)
+        for start in range(0, n, per_batch):
+            yield full if start + per_batch <= n else build(n - start)
+
+    halves = [InputPartition(count // PARTITIONS + (p < count % PARTITIONS)) for p in range(PARTITIONS)]
+
+    class Stream(DataSourceStreamReader):
+        def initialOffset(self) -> dict[str, int]:
+            return {"n": 0}
+
+        def latestOffset(self, start: dict[str, int] | None = None, limit: Any = None) -> dict[str, int]:
+            return {"n": count}
+
+        def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+            return halves if end["n"] > start["n"] else []
+
+        def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+            yield from rows(partition.value)
+
+    class Batch(DataSourceReader):
+        def partitions(self) -> list[InputPartition]:
+            return halves
+
+        def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+            yield from rows(partition.value)
+
+    class Drop(DataSourceArrowWriter):
+        def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+            for _ in iterator:
+                pass
+            return WriterCommitMessage()
+
+    class NoIo(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return NOIO
+
+        def schema(self) -> str:
+            return spark_schema_ddl(include_headers=False)
+
+        def streamReader(self, schema: Any) -> Stream:
+            return Stream()
+
+        def reader(self, schema: Any) -> Batch:
+            return Batch()
+
+        def writer(self, schema: Any, overwrite: bool) -> Drop:
+            return Drop()
+
+    return NoIo
+
+
+def run(suite: Suite) -> None:
+    args = suite.args
+    heading(f"large-messages: {args.large_mb:,} MB per size, {PARTITIONS} partitions, default options")
+    spark = start_session(suite, "large-messages")
+    spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)  # type: ignore[attr-defined]
+    cases: list[Case] = []
+    try:
+        for size in SIZES:
+            cases += _one_size(suite, spark, size, args.large_mb * 1_000_000 // size)
+    finally:
+        spark.stop()
+        for name in (STREAM, TARGET):
+            if name in suite.api.stream_names():
+                suite.api.delete_stream(name)
+    print(
+        f"  {'size':>9} {'case':<28} {'MB/s':>7} {'raw':>7} {'Spark':>7} {'ratio':>6} {'worker MB':>10} "
+        f"{'other CPU':>9}"
+    )
+    for c in cases:
+        other = f"{c.cpu.other_share:.0%}" if c.cpu else "-"
+        ceiling = f"{c.ceiling_mb_s:,.0f}" if c.ceiling_mb_s else "-"
+        print(
+            f"  {c.size:>9,} {c.what:<28} {c.mb_s:>7,.0f} {c.raw_mb_s:>7,.0f} {ceiling:>7} {c.ratio:>6.2f} "
+            f"{c.worker_mb:>10,.0f} {other:>9}"
+        )
+    worst = max(cases, key=lambda c: c.worker_mb)
+    suite.summary.append(
+        Summary(
+            f"large messages: Python worker peak RSS, worst ({worst.size:,} B, {worst.what})",
+            worst.worker_mb * 1024,
+            RSS_TARGET_MB * 1024,
+            "MB",
+            f"<= {RSS_TARGET_MB} MB",
+            worst.worker_mb <= RSS_TARGET_MB,
+        )
+    )
+    slowest = min((c for c in cases if c.what != "write"), key=lambda c: c.ratio)
+    bound = min(slowest.raw_mb_s, slowest.ceiling_mb_s or slowest.raw_mb_s)
+    suite.summary.append(
+        Summary(
+            f"large messages: read MB/s vs min(raw, Spark), worst ({slowest.size:,} B, {slowest.what})",
+            slowest.mb_s,
+            bound,
+            "MB/s",
+            f">= {RATIO_TARGET:g}x",
+            slowest.ratio >= RATIO_TARGET,
+        )
+    )
+
+
+def _one_size(suite: Suite, spark: SparkSession, size: int, count: int) -> list[Case]:
+    from pyspark.sql import functions as F
+
+    api, url = suite.api, suite.url
+    suite.fresh_stream(STREAM, "large.*", PARTITIONS)
+    payload = b"x" * size
+    published = publish_all(suite.conn, ((f"large.k{i % 64}", payload, None) for i in range(count)))
+    if published.count != count:
+        raise SystemExit(f"FAILED: published {published.count:,} of {count:,} messages of {size:,} B")
+    megabytes = count * size / 1e6
+    print(f"  {size:,} B: {count:,} messages ({megabytes:,.0f} MB) published", flush=True)
+    cases = []
+
+    def measured(label: str, work: Callable[[], None]) -> tuple[float, float, Cpu]:
+        """Seconds, the largest Python worker's peak RSS in MB, CPU."""
+        watch = Measurement(suite, f"large {size:,} B: {label}", spark)
+        began = time.perf_counter()
+        work()
+        seconds = time.perf_counter() - began
+        cpu = watch.stop()
+        workers = suite.peaks[-1].kind("worker")
+        return seconds, (max(workers) if workers else 0) / 1024, cpu
+
+    def check(what: str, got: int) -> None:
+        if got != count:
+            raise SystemExit(f"FAILED: {what} of {size:,} B messages read {got:,} of {count:,}")
+
+    def streaming(group: str, source: str = "jetstream") -> None:
+        reader = spark.readStream.format(source).option("servers", url).option("stream", STREAM)
+        query = (
+            reader.option("group", group)
+            .load()
+            .writeStream.format("noop")
+            .trigger(availableNow=True)
+            .option("checkpointLocation", suite.checkpoint(f"large-{size}-{group}"))
+            .start()
+        )
+        query.awaitTermination()
+        check(f"the streaming read ({group})", sum(p["numInputRows"] for p in query.recentProgress))
+
+    def batch(source: str = "jetstream") -> None:
+        rows = spark.read.format(source).option("servers", url).option("stream", STREAM).load()
+        got = rows.agg(F.count("*").alias("n"), F.sum(F.length("data")).alias("bytes")).first()
+        check(f"the batch read ({source})", got["n"])
+        if got["bytes"] != count * size:
+            raise SystemExit(f"FAILED: the batch read of {size:,} B messages got {got['bytes']:,} payload bytes")
+
+    def fresh_target() -> None:
+        if TARGET in api.stream_names():
+            api.delete_stream(TARGET)
+        api.create_stream({"name": TARGET, "subjects": ["bench.>"]})
+
+    def spark_write(sink: str = "jetstream") -> None:
+        frame = spark.range(0, count, 1, PARTITIONS).select(
+            F.concat(F.lit("bench.k"), (F.col("id") % 64).cast("string")).alias("subject"),
+            F.expr(f"cast(repeat('x', {size}) as binary)").alias("data"),
+        )
+        frame.write.format(sink).option("servers", url).mode("append").save()
+        if sink == "jetstream":
+            check("the write", api.stream_info(TARGET)["state"]["messages"])
+
+    def ceiling(label: str, work: Callable[[], None]) -> float:
+        """Spark's MB/s: the better of two runs (the first may start the no-I/O source's Python workers)."""
+        return megabytes / min(measured(label, work)[0] for _ in range(2))
+
+    spark.dataSource.register(noio_source(size, count))
+    stream_ceiling = ceiling("no-I/O streaming read", lambda: streaming(f"noio-{time.monotonic_ns()}", NOIO))
+    batch_ceiling = ceiling("no-I/O batch read", lambda: batch(NOIO))
+    write_ceiling = ceiling("no-I/O write", lambda: spark_write(NOIO))
+
+    raw_seconds, raw_count, raw_bytes = run_direct_parallel(suite.address, STREAM, partition_filters(range(PARTITIONS)))
+    check("the raw Direct Get loop", raw_count)
+    raw_direct = raw_bytes / 1e6 / raw_seconds
+
+    seconds, worker, cpu = measured("streaming read, Direct Get", lambda: streaming("direct"))
+    cases.append(Case(size, "streaming (Direct Get)", megabytes / seconds, raw_direct, stream_ceiling, worker, cpu))
+    seconds, worker, cpu = measured("batch read", batch)
+    cases.append(Case(size, "batch (Direct Get)", megabytes / seconds, raw_direct, batch_ceiling, worker, cpu))
+
+    api.call(("STREAM", "UPDATE", STREAM), {**api.stream_info(STREAM)["config"], "allow_direct": False}, "Updating")
+    seconds, worker, cpu = measured("streaming read, pull", lambda: streaming("pull"))
+    consumers = [member_consumer_name("pull", str(p)) for p in range(PARTITIONS)]
+    raw_seconds, raw_count = run_baseline_parallel(suite.conn, suite.address, consumers, count, STREAM)
+    check("the raw pull loop", raw_count)
+    cases.append(
+        Case(size, "streaming (pull)", megabytes / seconds, megabytes / raw_seconds, stream_ceiling, worker, cpu)
+    )
+
+    fresh_target()
+    seconds, worker, cpu = measured("write", spark_write)
+    fresh_target()
+    began = time.perf_counter()
+    window = max(2, DEFAULT_WINDOW_BYTES // size)  # the writer's default bytes in flight
+    check("the raw publisher", raw_publish(suite.address, count, size, window, writer_ids()))
+    raw_mb_s = megabytes / (time.perf_counter() - began)
+    cases.append(Case(size, "write", megabytes / seconds, raw_mb_s, write_ceiling, worker, cpu))
+    print(
+        f"    Spark's ceiling: streaming {stream_ceiling:,.0f} MB/s, batch {batch_ceiling:,.0f} MB/s, "
+        f"write {write_ceiling:,.0f} MB/s"
+    )
+    for case in cases:
+        print(f"    {case.what}: {case.mb_s:,.0f} MB/s, raw {case.raw_mb_s:,.0f}, worker {case.worker_mb:,.0f} MB")
+    return cases
