@@ -33,7 +33,7 @@ from raw_pull import run_baseline_parallel
 from suite import Measurement, Suite, Summary, start_session
 from write import raw_publish, writer_ids
 
-from spark_jetstream.client.publish import DEFAULT_WINDOW_BYTES, publish_all
+from spark_jetstream.client.publish import publish_all
 from spark_jetstream.groups.layout import member_consumer_name, partition_filters
 from spark_jetstream.options import default_of
 
@@ -310,7 +310,7 @@ def _one_size(suite: Suite, spark: SparkSession, size: int, count: int) -> list[
     seconds, worker, cpu = measured("write", spark_write)
     fresh_target()
     began = time.perf_counter()
-    window = max(2, DEFAULT_WINDOW_BYTES // size)  # the writer's default bytes in flight
+    window = max(2, default_of("publishWindowBytes") // size)  # the writer's default bytes in flight
     check("the raw publisher", raw_publish(suite.address, count, size, window, writer_ids()))
     raw_mb_s = megabytes / (time.perf_counter() - began)
     cases.append(Case(size, "write", megabytes / seconds, raw_mb_s, write_ceiling, worker, cpu))

@@ -26,9 +26,6 @@ from spark_jetstream.client.connection import Connection
 from spark_jetstream.client.protocol import HEADER_START, STATUS_PREFIX, BulkHandler, run_pattern, status_line
 from spark_jetstream.errors import JetStreamError
 
-DEFAULT_WINDOW_BYTES = 32 * 1024 * 1024
-"""Bytes in flight before a publisher waits for PubAcks (the writer's option ``publishWindowBytes``)."""
-
 Message = tuple[str, bytes, dict[str, str] | None]
 """(subject, payload, headers or None)."""
 
@@ -106,7 +103,7 @@ class Publisher:
         window: int = 2000,
         timeout: float = 30.0,
         seqs: bool = True,
-        window_bytes: int = DEFAULT_WINDOW_BYTES,
+        window_bytes: int = 32 * 1024 * 1024,
     ) -> None:
         self.conn = conn
         self.seqs = seqs  # fill the result's seq range and streams (a cost per PubAck the sink skips)

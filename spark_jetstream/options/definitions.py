@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from spark_jetstream.client.connection_options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SERVERS
-from spark_jetstream.client.publish import DEFAULT_WINDOW_BYTES
 from spark_jetstream.errors import OptionError
 from spark_jetstream.options.parsers import (
     parse_ack_policy,
@@ -400,7 +399,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "publishWindowBytes",
         parse_size,
-        DEFAULT_WINDOW_BYTES,
+        32 * 1024 * 1024,
         "Bytes a task publishes ahead of their PubAcks (with `publishWindow`, whichever is reached first; a "
         "larger message is still sent, on its own).",
         frozenset({WRITE}),
