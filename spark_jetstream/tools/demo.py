@@ -24,6 +24,10 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from spark_jetstream import register
 from spark_jetstream.client.connection import Connection, close_all, connect
@@ -36,6 +40,10 @@ from spark_jetstream.options import parse_connection_options
 from spark_jetstream.stream.offsets import committed_offset, planned_offset
 from spark_jetstream.tools.embedded import EmbeddedServer
 from spark_jetstream.tools.monitoring import BatchProgress, JetStreamLagListener
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
 GROUP = "demo"
 REGIONS = ("emea", "amer", "apac", "latam")
@@ -173,8 +181,6 @@ def run(
             stack.callback(api.delete_stream, stream)
 
         print("Starting Spark (local[2]) ...")
-        from pyspark.sql import SparkSession
-
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local demo: no "resolves to a loopback" warning
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers run this Python, venv active or not
         log_config = out_dir / "log4j2.properties"
@@ -189,11 +195,11 @@ def run(
         )
         stack.callback(spark.stop)
         spark.sparkContext.setLogLevel("ERROR")
-        # Registered from Python, so that the Python workers _start_workers starts are the ones the query's tasks
+        # Registered from Python, so that the Python workers the warm-up starts are the ones the query's tasks
         # reuse: Spark pools workers by their environment, and a source its own look-up finds gets a pool of its
         # own (measured with PySpark 4.3: the first batch's tasks then started new workers, ~0.6 s later).
-        workers = threading.Thread(target=_start_workers, args=(spark,), name="demo-workers", daemon=True)
-        workers.start()  # while the source is registered (Spark's look-up of sources, a Python process: ~1.4 s)
+        warm_up = WorkerWarmUp(spark)
+        warm_up.start()  # while the source is registered (Spark's look-up of sources, a Python process: ~1.4 s)
         register(spark)
         listener = JetStreamLagListener()
         spark.streams.addListener(listener)
@@ -209,7 +215,7 @@ def run(
             .load()
         )
 
-        def write_batch(frame, batch_id: int) -> None:
+        def write_batch(frame: DataFrame, batch_id: int) -> None:
             write_revenue(frame, results / f"batch_id={batch_id}")  # a replay overwrites its own: idempotent
 
         query = (
@@ -227,11 +233,16 @@ def run(
         began = time.monotonic()
         publisher.start()
         line = StatusLine()
+        warm_up_reported = False
         while True:
             if publisher.error is not None:
                 raise publisher.error
             if query.exception() is not None:
                 raise JetStreamError(f"The streaming query failed: {query.exception()}")
+            if warm_up.failure and not warm_up_reported:
+                note = f"  (Spark's Python workers were not warmed up, the first batch starts them: {warm_up.failure})"
+                line.show(note, final=True)
+                warm_up_reported = True
             batches = [b for b in listener.batches if b.rows]
             read = sum(b.rows for b in batches)
             if line.due():
@@ -252,14 +263,14 @@ def run(
         return _report(spark, results, publisher, read, batches, committed, floors, floors_ok, listener, out_dir)
 
 
-def parse_orders(messages):
+def parse_orders(messages: DataFrame) -> DataFrame:
     """The orders' JSON payloads as columns."""
     from pyspark.sql import functions as F
 
     return messages.select(F.from_json(F.col("data").cast("string"), ORDER_SCHEMA).alias("o")).select("o.*")
 
 
-def write_revenue(orders, path: Path) -> None:
+def write_revenue(orders: DataFrame, path: Path) -> None:
     """Orders and revenue by region of one batch, into parquet at ``path`` (replaced if there)."""
     from pyspark.sql import functions as F
 
@@ -269,27 +280,61 @@ def write_revenue(orders, path: Path) -> None:
     ).parquet(str(path))
 
 
-def _start_workers(spark) -> None:
-    """Start a Python worker per core that imports the connector (Spark reuses them): the first batch's tasks
-    then skip the workers' start-up and imports.
+class WarmUpSource(DataSource):
+    """A Python data source that reads nothing: reading it starts the Python workers a read of ``jetstream`` uses.
 
-    The workers are started by ``mapInArrow``: Spark keeps the Python workers of SQL functions
-    (data source reads among them) apart from those of RDD jobs (measured with PySpark 4.3), so
-    workers started by an RDD job would not read the first batch. Nothing else is warmed up: a sample
-    write of the sink (shuffle, code generation, the parquet writer) held both task slots while the first
-    batch waited for them, and rows came ~0.5 s later with it (3 interleaved runs each)."""
-    cores = spark.sparkContext.defaultParallelism
-    spark.range(0, cores, 1, cores).mapInArrow(_import_connector, "id long").collect()
+    Spark pools Python workers by kind and environment (measured with PySpark 4.3): RDD jobs, SQL functions and a
+    source found by Spark's own look-up each get their own. A read of a source registered from this session uses the
+    same pools as the query's reads (the read workers, and the planner processes that create the source and plan
+    its read), and unlike ``mapInArrow`` it does not need pandas, which the ``demo`` extra does not install."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "jetstream_demo_warmup"
+
+    def schema(self) -> str:
+        return "id long"
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return _WarmUpReader(int(self.options.get("partitions", "1")))
 
 
-def _import_connector(batches):
-    """What a read imports (``source.py`` imports the rest when ``read()`` is called)."""
-    import pyarrow.compute  # noqa: F401
+class _WarmUpReader(DataSourceReader):
+    def __init__(self, partitions: int) -> None:
+        self.count = partitions
 
-    import spark_jetstream.read.direct
-    import spark_jetstream.source  # noqa: F401
+    def partitions(self) -> list[InputPartition]:
+        return [InputPartition(index) for index in range(self.count)]
 
-    yield from batches
+    def read(self, partition: InputPartition) -> Iterator[tuple[int]]:
+        """Import what a read imports (``source.py`` imports the rest when ``read()`` is called)."""
+        import pyarrow.compute  # noqa: F401
+
+        import spark_jetstream.read.direct
+        import spark_jetstream.source  # noqa: F401
+
+        yield (partition.value,)
+
+
+class WorkerWarmUp(threading.Thread):
+    """Starts a Python worker per core that imports the connector (Spark reuses them), while the query starts.
+
+    The first batch's tasks then skip the workers' start-up and imports. Nothing else is warmed up: a sample write of
+    the sink (shuffle, code generation, the parquet writer) held both task slots while the first batch waited for
+    them. A failure is not the demo's: the first batch then starts the workers itself, and one line says so."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        super().__init__(name="demo-workers", daemon=True)
+        self.spark = spark
+        self.failure: str | None = None
+
+    def run(self) -> None:
+        try:
+            cores = self.spark.sparkContext.defaultParallelism
+            self.spark.dataSource.register(WarmUpSource)
+            self.spark.read.format(WarmUpSource.name()).option("partitions", cores).load().collect()
+        except Exception as exc:  # reported in one line by the main thread
+            self.failure = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _status(
@@ -346,7 +391,7 @@ def _wait_for_floors(api: JetStreamApi, stream: str, checkpoint: Path) -> tuple[
 
 
 def _report(
-    spark,
+    spark: SparkSession,
     results: Path,
     publisher: PacedPublisher,
     read: int,
