@@ -43,6 +43,7 @@ from spark_jetstream.tools.monitoring import BatchProgress, JetStreamLagListener
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+    from pyspark.sql.streaming import StreamingQuery
     from pyspark.sql.types import StructType
 
 GROUP = "demo"
@@ -246,16 +247,15 @@ def run(
             batches = [b for b in listener.batches if b.rows]
             read = sum(b.rows for b in batches)
             if line.due():
-                line.show(
-                    _status(batches, read, publisher.published, api, stream, checkpoint, time.monotonic() - began)
-                )
+                doing = "" if batches else _before_first_batch(spark, query, checkpoint, warm_up.is_alive())
+                line.show(_status(batches, read, publisher.published, api, stream, doing, time.monotonic() - began))
             if not publisher.is_alive() and read >= publisher.published:
                 break
             if time.monotonic() - began > timeout:
                 raise JetStreamError(f"The demo did not finish within {timeout:g}s (read {read:,} rows).")
             time.sleep(0.1)
         elapsed = time.monotonic() - began
-        line.show(_status(batches, read, publisher.published, api, stream, checkpoint, elapsed), final=True)
+        line.show(_status(batches, read, publisher.published, api, stream, "", elapsed), final=True)
 
         floors_ok, committed, floors = _wait_for_floors(api, stream, checkpoint)
         query.stop()
@@ -338,24 +338,47 @@ class WorkerWarmUp(threading.Thread):
 
 
 def _status(
-    batches: list[BatchProgress], read: int, published: int, api: JetStreamApi, stream: str, checkpoint: Path, t: float
+    batches: list[BatchProgress], read: int, published: int, api: JetStreamApi, stream: str, doing: str, t: float
 ) -> str:
-    """The live line: the last finished batch, or before the first one what the query is doing."""
+    """The live line: the last finished batch, or before the first one what Spark is doing."""
     last = batches[-1] if batches else None
-    end_seq = last.end_seq if last and last.end_seq is not None else 0
-    lag = api.stream_info(stream)["state"]["last_seq"] - end_seq
     if last is None:
-        planned = planned_offset(checkpoint)
-        doing = (
-            "starting the query"
-            if planned is None
-            else f"reading batch {planned[0]} (seqs up to {planned[1]['seq']:,})"
-        )
         return f"  {t:5.1f}s  published {published:>9,}  {doing}"
+    end_seq = last.end_seq if last.end_seq is not None else 0
+    lag = api.stream_info(stream)["state"]["last_seq"] - end_seq
     return (
         f"  {t:5.1f}s  batch {last.batch_id:>3}  published {published:>9,}  "
         f"read {read:>9,}  {last.processed_rate:>8,.0f} rows/s  lag {lag:>7,}"
     )
+
+
+def _before_first_batch(spark: SparkSession, query: StreamingQuery, checkpoint: Path, warming: bool) -> str:
+    """What Spark is doing before the first batch ends, from the checkpoint's offset log and the query's jobs.
+
+    A query's jobs run in a job group named after its run id; a batch's first stage reads the source, one task
+    per partition with messages, so its finished tasks say how far the read is without asking the source. The
+    demo's stream and checkpoint are new, so batch 0 holds the messages of seqs 1 to its end offset."""
+    planned = planned_offset(checkpoint)
+    if planned is None:
+        return "starting the query and Spark's Python workers" if warming else "starting the query"
+    batch, end = planned[0], int(planned[1]["seq"])
+    tracker = spark.sparkContext.statusTracker()
+    stage_ids = sorted(
+        stage
+        for job in tracker.getJobIdsForGroup(str(query.runId))
+        if (info := tracker.getJobInfo(job))
+        for stage in info.stageIds
+    )
+    stages = [info for info in map(tracker.getStageInfo, stage_ids) if info is not None]
+    if not stages:
+        return f"planning batch {batch} ({end:,} messages)"
+    reading = stages[0]
+    if reading.numCompletedTasks < reading.numTasks:
+        return (
+            f"reading batch {batch} ({end:,} messages): {reading.numCompletedTasks} of {reading.numTasks} "
+            "partitions read"
+        )
+    return f"batch {batch} read ({end:,} messages): from_json, aggregate, parquet write"
 
 
 def _speed(batches: list[BatchProgress], started: float) -> str:
