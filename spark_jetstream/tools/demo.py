@@ -4,14 +4,16 @@ It starts a ``nats-server`` with a temporary store (or uses ``--servers``), crea
 order events partitioned four ways, and while it publishes JSON orders with headers at a steady
 rate, runs ``spark.readStream.format("jetstream")`` -> ``from_json`` -> per-batch revenue by
 region -> parquet (``foreachBatch``, one directory per batch id, overwritten on replay: an
-idempotent sink). A status line shows the batch, rows, rate and lag as it goes. At the end it
-checks that the parquet totals equal what was published, exactly, and that every member
-consumer's ack floor equals the checkpoint; saves a PNG of throughput and lag; and stops
-everything it started.
+idempotent sink). A status line shows the batch, rows, rate and lag as it goes (before the first
+batch: what Spark is doing). Then it reads the same stream again into Spark's ``noop`` sink, to
+show the connector's own read speed next to the pipeline's. At the end it checks that the parquet
+totals equal what was published, exactly, and that every member consumer's ack floor equals the
+checkpoint; saves a PNG of throughput and lag; and stops everything it started.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -33,13 +35,13 @@ from spark_jetstream import register
 from spark_jetstream.client.connection import Connection, close_all, connect
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import Message, publish_all
-from spark_jetstream.errors import JetStreamError, StreamNotFoundError
+from spark_jetstream.errors import ConsumerNotFoundError, JetStreamError, StreamNotFoundError
 from spark_jetstream.groups.admin import status
 from spark_jetstream.groups.layout import partitioned_stream_config
 from spark_jetstream.options import parse_connection_options
 from spark_jetstream.stream.offsets import committed_offset, planned_offset
 from spark_jetstream.tools.embedded import EmbeddedServer
-from spark_jetstream.tools.monitoring import BatchProgress, JetStreamLagListener
+from spark_jetstream.tools.monitoring import BatchProgress, JetStreamLagListener, batch_progress
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -47,6 +49,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 GROUP = "demo"
+READ_ONLY_GROUP = "demo_read_only"
+"""The group of the read-only pass: its own member consumers, so the pipeline's ack floors stay where they are."""
 REGIONS = ("emea", "amer", "apac", "latam")
 QUIET_LOG4J = """\
 rootLogger.level = error
@@ -259,8 +263,13 @@ def run(
 
         floors_ok, committed, floors = _wait_for_floors(api, stream, checkpoint)
         query.stop()
-        print(_speed(batches, started))
-        return _report(spark, results, publisher, read, batches, committed, floors, floors_ok, listener, out_dir)
+        spark.streams.removeListener(listener)  # the plot shows the pipeline's batches only
+        print(f"Reading the same {publisher.published:,} orders again into Spark's noop sink (the connector alone) ...")
+        read_only = _read_only_pass(spark, api, nats, stream, batch_limit, out_dir / "checkpoint_read_only", timeout)
+        print(_speed(batches, started, read_only, batch_limit))
+        return _report(
+            spark, results, publisher, read, batches, read_only, committed, floors, floors_ok, listener, out_dir
+        )
 
 
 def parse_orders(messages: DataFrame) -> DataFrame:
@@ -381,23 +390,92 @@ def _before_first_batch(spark: SparkSession, query: StreamingQuery, checkpoint: 
     return f"batch {batch} read ({end:,} messages): from_json, aggregate, parquet write"
 
 
-def _speed(batches: list[BatchProgress], started: float) -> str:
-    """Where the time went, from the query's progress: the first batch, then Spark's pace per batch
-    (reading, from_json, the aggregate and the parquet write together) against the publishing pace."""
+@dataclass(frozen=True)
+class ReadOnlyPass:
+    """The read-only pass of the stream: what the connector reads on this machine, without the pipeline's work."""
+
+    batches: list[BatchProgress]
+    seconds: float  # from the query's start to its end
+    stored_bytes: int  # the stream's size: the messages as stored, subjects and headers included
+
+    @property
+    def rows(self) -> int:
+        return sum(b.rows for b in self.batches)
+
+    @property
+    def busy(self) -> float:
+        """Seconds the batches took, from the query's progress (the query's start-up excluded)."""
+        return sum(b.duration_ms for b in self.batches) / 1000
+
+
+def _read_only_pass(
+    spark: SparkSession,
+    api: JetStreamApi,
+    nats: dict[str, str],
+    stream: str,
+    batch_limit: int,
+    checkpoint: Path,
+    timeout: float,
+) -> ReadOnlyPass:
+    """Read the whole stream again with the pipeline's options into Spark's ``noop`` sink (``availableNow``): the
+    connector's own speed next to what the pipeline processed. Its group's member consumers are removed after."""
+    began = time.monotonic()
+    query = (
+        spark.readStream.format("jetstream")
+        .options(**nats)
+        .option("stream", stream)
+        .option("group", READ_ONLY_GROUP)
+        .option("startingPosition", "earliest")
+        .option("includeHeaders", "true")
+        .option("maxMessagesPerTrigger", batch_limit)
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .queryName("demo_read_only")
+        .trigger(availableNow=True)
+        .start()
+    )
+    finished = False
+    try:
+        with contextlib.suppress(Exception):  # a failed query raises here: its exception() is reported below
+            finished = query.awaitTermination(timeout)
+        seconds = time.monotonic() - began
+        if query.exception() is not None:
+            raise JetStreamError(f"The read-only pass failed: {query.exception()}")
+        if not finished:
+            raise JetStreamError(f"The read-only pass did not finish within {timeout:g}s.")
+    finally:
+        query.stop()
+        for member in status(api, stream, READ_ONLY_GROUP):
+            with contextlib.suppress(ConsumerNotFoundError):
+                api.delete_consumer(stream, member.consumer)
+    batches = [batch for batch in map(batch_progress, query.recentProgress) if batch.rows]
+    return ReadOnlyPass(batches, seconds, int(api.stream_info(stream)["state"]["bytes"]))
+
+
+def _speed(batches: list[BatchProgress], started: float, read_only: ReadOnlyPass, batch_limit: int) -> str:
+    """Where the time went, from the queries' progress: the pipeline's first batch, then its pace per batch
+    (reading, from_json, the aggregate and the parquet write together) against the publishing pace, then the
+    read-only pass: the connector alone, on the same machine and stream."""
     if not batches:
         return "\n  no batch finished"
     first, rest = batches[0], batches[1:] or batches
     first_done = first.at + first.duration_ms / 1000 - started
     busy = sum(b.duration_ms for b in rest) / 1000
     arriving = [b.input_rate for b in rest if b.input_rate]
+    passes = max(len(read_only.batches), 1)
+    busy_only, megabytes = max(read_only.busy, 1e-9), read_only.stored_bytes / 1e6
     return (
         f"\n  first batch: {first.rows:,} rows, finished {first_done:.1f}s after the query started "
-        f"(Spark starts its Python workers then)\n"
+        "(the query's start-up included)\n"
         f"  then {len(rest)} batches of {sum(b.rows for b in rest) // len(rest):,} rows on average, "
         f"{busy * 1000 / len(rest):,.0f} ms each: Spark processed {sum(b.rows for b in rest) / max(busy, 1e-9):,.0f} "
         f"rows/s (read, from_json, aggregate, parquet write) while they arrived at "
         f"{(sum(arriving) / len(arriving)) if arriving else 0:,.0f} rows/s\n"
-        "  (the connector's read speed alone, against a raw pull loop: BENCHMARKS.md)"
+        f"  read-only pass (the same stream into Spark's noop sink, batches <= {batch_limit:,}): "
+        f"{read_only.rows:,} rows ({megabytes:,.1f} MB as stored) in {len(read_only.batches)} batches, "
+        f"{read_only.busy * 1000 / passes:,.0f} ms each: the connector read {read_only.rows / busy_only:,.0f} rows/s, "
+        f"{megabytes / busy_only:,.1f} MB/s ({read_only.seconds:.1f}s with the query's start)"
     )
 
 
@@ -419,6 +497,7 @@ def _report(
     publisher: PacedPublisher,
     read: int,
     batches: list[BatchProgress],
+    read_only: ReadOnlyPass,
     committed: int,
     floors: dict[str, int],
     floors_ok: bool,
@@ -448,10 +527,10 @@ def _report(
         plot = listener.plot(out_dir / "throughput_and_lag.png", title="spark-jetstream demo")
     except ImportError as exc:
         print(f"\n  (no plot: {exc})")
-    ok = totals_ok and floors_ok and read == publisher.published
+    ok = totals_ok and floors_ok and read == publisher.published == read_only.rows
     print(
         f"\n{'OK' if ok else 'FAILED'}: published {publisher.published:,} orders; Spark read {read:,} rows in "
-        f"{len(batches)} batches; "
+        f"{len(batches)} batches (and {read_only.rows:,} in the read-only pass); "
         f"revenue by region {'matches' if totals_ok else 'DOES NOT match'} exactly; "
         f"ack floors {'equal' if floors_ok else 'DO NOT equal'} the checkpoint (seq {committed:,})."
     )
