@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from spark_jetstream.errors import JetStreamError
 from spark_jetstream.tools import demo
 
 
@@ -59,3 +60,9 @@ def test_the_status_before_the_first_batch_says_what_spark_is_doing(tmp_path: Pa
     assert (
         phase(tmp_path, {3: (4, 4), 4: (1, 0)}) == "batch 0 read (25,000 messages): from_json, aggregate, parquet write"
     )
+
+
+def test_the_demo_refuses_an_out_directory_of_an_earlier_run(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint" / "offsets").mkdir(parents=True)
+    with pytest.raises(JetStreamError, match=r"holds an earlier demo run \(checkpoint\): use a new --out directory"):
+        demo.run(servers="nats://127.0.0.1:1", out=str(tmp_path))

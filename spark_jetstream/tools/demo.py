@@ -164,6 +164,11 @@ def run(
     """Run the demo; 0 when every check passed, 1 when one failed (the output says which)."""
     out_dir = Path(out or tempfile.mkdtemp(prefix="spark-jetstream-demo-"))
     out_dir.mkdir(parents=True, exist_ok=True)
+    earlier = [
+        name for name in ("checkpoint", "checkpoint_read_only", "revenue_by_region") if (out_dir / name).exists()
+    ]
+    if earlier:  # a checkpoint of an earlier stream fails the query; earlier batches' parquet would count again
+        raise JetStreamError(f"{out_dir} holds an earlier demo run ({', '.join(earlier)}): use a new --out directory.")
     with ExitStack() as stack:
         if servers is None:
             print("Starting an embedded nats-server with a temporary store ...")
