@@ -4,14 +4,16 @@ It starts a ``nats-server`` with a temporary store (or uses ``--servers``), crea
 order events partitioned four ways, and while it publishes JSON orders with headers at a steady
 rate, runs ``spark.readStream.format("jetstream")`` -> ``from_json`` -> per-batch revenue by
 region -> parquet (``foreachBatch``, one directory per batch id, overwritten on replay: an
-idempotent sink). A status line shows the batch, rows, rate and lag as it goes. At the end it
-checks that the parquet totals equal what was published, exactly, and that every member
-consumer's ack floor equals the checkpoint; saves a PNG of throughput and lag; and stops
-everything it started.
+idempotent sink). A status line shows the batch, rows, rate and lag as it goes (before the first
+batch: what Spark is doing). Then it reads the same stream again into Spark's ``noop`` sink, to
+show the connector's own read speed next to the pipeline's. At the end it checks that the parquet
+totals equal what was published, exactly, and that every member consumer's ack floor equals the
+checkpoint; saves a PNG of throughput and lag; and stops everything it started.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -24,20 +26,31 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from spark_jetstream import register
 from spark_jetstream.client.connection import Connection, close_all, connect
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import Message, publish_all
-from spark_jetstream.errors import JetStreamError, StreamNotFoundError
+from spark_jetstream.errors import ConsumerNotFoundError, JetStreamError, StreamNotFoundError
 from spark_jetstream.groups.admin import status
 from spark_jetstream.groups.layout import partitioned_stream_config
 from spark_jetstream.options import parse_connection_options
 from spark_jetstream.stream.offsets import committed_offset, planned_offset
 from spark_jetstream.tools.embedded import EmbeddedServer
-from spark_jetstream.tools.monitoring import BatchProgress, JetStreamLagListener
+from spark_jetstream.tools.monitoring import BatchProgress, JetStreamLagListener, batch_progress
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.types import StructType
 
 GROUP = "demo"
+READ_ONLY_GROUP = "demo_read_only"
+"""The group of the read-only pass: its own member consumers, so the pipeline's ack floors stay where they are."""
 REGIONS = ("emea", "amer", "apac", "latam")
 QUIET_LOG4J = """\
 rootLogger.level = error
@@ -151,6 +164,11 @@ def run(
     """Run the demo; 0 when every check passed, 1 when one failed (the output says which)."""
     out_dir = Path(out or tempfile.mkdtemp(prefix="spark-jetstream-demo-"))
     out_dir.mkdir(parents=True, exist_ok=True)
+    earlier = [
+        name for name in ("checkpoint", "checkpoint_read_only", "revenue_by_region") if (out_dir / name).exists()
+    ]
+    if earlier:  # a checkpoint of an earlier stream fails the query; earlier batches' parquet would count again
+        raise JetStreamError(f"{out_dir} holds an earlier demo run ({', '.join(earlier)}): use a new --out directory.")
     with ExitStack() as stack:
         if servers is None:
             print("Starting an embedded nats-server with a temporary store ...")
@@ -173,8 +191,6 @@ def run(
             stack.callback(api.delete_stream, stream)
 
         print("Starting Spark (local[2]) ...")
-        from pyspark.sql import SparkSession
-
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local demo: no "resolves to a loopback" warning
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers run this Python, venv active or not
         log_config = out_dir / "log4j2.properties"
@@ -189,11 +205,11 @@ def run(
         )
         stack.callback(spark.stop)
         spark.sparkContext.setLogLevel("ERROR")
-        # Registered from Python, so that the Python workers _start_workers starts are the ones the query's tasks
+        # Registered from Python, so that the Python workers the warm-up starts are the ones the query's tasks
         # reuse: Spark pools workers by their environment, and a source its own look-up finds gets a pool of its
         # own (measured with PySpark 4.3: the first batch's tasks then started new workers, ~0.6 s later).
-        workers = threading.Thread(target=_start_workers, args=(spark,), name="demo-workers", daemon=True)
-        workers.start()  # while the source is registered (Spark's look-up of sources, a Python process: ~1.4 s)
+        warm_up = WorkerWarmUp(spark)
+        warm_up.start()  # while the source is registered (Spark's look-up of sources, a Python process: ~1.4 s)
         register(spark)
         listener = JetStreamLagListener()
         spark.streams.addListener(listener)
@@ -209,7 +225,7 @@ def run(
             .load()
         )
 
-        def write_batch(frame, batch_id: int) -> None:
+        def write_batch(frame: DataFrame, batch_id: int) -> None:
             write_revenue(frame, results / f"batch_id={batch_id}")  # a replay overwrites its own: idempotent
 
         query = (
@@ -227,39 +243,48 @@ def run(
         began = time.monotonic()
         publisher.start()
         line = StatusLine()
+        warm_up_reported = False
         while True:
             if publisher.error is not None:
                 raise publisher.error
             if query.exception() is not None:
                 raise JetStreamError(f"The streaming query failed: {query.exception()}")
+            if warm_up.failure and not warm_up_reported:
+                note = f"  (Spark's Python workers were not warmed up, the first batch starts them: {warm_up.failure})"
+                line.show(note, final=True)
+                warm_up_reported = True
             batches = [b for b in listener.batches if b.rows]
             read = sum(b.rows for b in batches)
             if line.due():
-                line.show(
-                    _status(batches, read, publisher.published, api, stream, checkpoint, time.monotonic() - began)
-                )
+                doing = "" if batches else _before_first_batch(spark, query, checkpoint, warm_up.is_alive())
+                line.show(_status(batches, read, publisher.published, api, stream, doing, time.monotonic() - began))
             if not publisher.is_alive() and read >= publisher.published:
                 break
             if time.monotonic() - began > timeout:
                 raise JetStreamError(f"The demo did not finish within {timeout:g}s (read {read:,} rows).")
             time.sleep(0.1)
         elapsed = time.monotonic() - began
-        line.show(_status(batches, read, publisher.published, api, stream, checkpoint, elapsed), final=True)
+        line.show(_status(batches, read, publisher.published, api, stream, "", elapsed), final=True)
 
         floors_ok, committed, floors = _wait_for_floors(api, stream, checkpoint)
         query.stop()
-        print(_speed(batches, started))
-        return _report(spark, results, publisher, read, batches, committed, floors, floors_ok, listener, out_dir)
+        spark.streams.removeListener(listener)  # the plot shows the pipeline's batches only
+        print(f"Reading the same {publisher.published:,} orders again into Spark's noop sink (the connector alone) ...")
+        read_only = _read_only_pass(spark, api, nats, stream, batch_limit, out_dir / "checkpoint_read_only", timeout)
+        print(_speed(batches, started, read_only, batch_limit))
+        return _report(
+            spark, results, publisher, read, batches, read_only, committed, floors, floors_ok, listener, out_dir
+        )
 
 
-def parse_orders(messages):
+def parse_orders(messages: DataFrame) -> DataFrame:
     """The orders' JSON payloads as columns."""
     from pyspark.sql import functions as F
 
     return messages.select(F.from_json(F.col("data").cast("string"), ORDER_SCHEMA).alias("o")).select("o.*")
 
 
-def write_revenue(orders, path: Path) -> None:
+def write_revenue(orders: DataFrame, path: Path) -> None:
     """Orders and revenue by region of one batch, into parquet at ``path`` (replaced if there)."""
     from pyspark.sql import functions as F
 
@@ -269,67 +294,193 @@ def write_revenue(orders, path: Path) -> None:
     ).parquet(str(path))
 
 
-def _start_workers(spark) -> None:
-    """Start a Python worker per core that imports the connector (Spark reuses them): the first batch's tasks
-    then skip the workers' start-up and imports.
+class WarmUpSource(DataSource):
+    """A Python data source that reads nothing: reading it starts the Python workers a read of ``jetstream`` uses.
 
-    The workers are started by ``mapInArrow``: Spark keeps the Python workers of SQL functions
-    (data source reads among them) apart from those of RDD jobs (measured with PySpark 4.3), so
-    workers started by an RDD job would not read the first batch. Nothing else is warmed up: a sample
-    write of the sink (shuffle, code generation, the parquet writer) held both task slots while the first
-    batch waited for them, and rows came ~0.5 s later with it (3 interleaved runs each)."""
-    cores = spark.sparkContext.defaultParallelism
-    spark.range(0, cores, 1, cores).mapInArrow(_import_connector, "id long").collect()
+    Spark pools Python workers by kind and environment (measured with PySpark 4.3): RDD jobs, SQL functions and a
+    source found by Spark's own look-up each get their own. A read of a source registered from this session uses the
+    same pools as the query's reads (the read workers, and the planner processes that create the source and plan
+    its read), and unlike ``mapInArrow`` it does not need pandas, which the ``demo`` extra does not install."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "jetstream_demo_warmup"
+
+    def schema(self) -> str:
+        return "id long"
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return _WarmUpReader(int(self.options.get("partitions", "1")))
 
 
-def _import_connector(batches):
-    """What a read imports (``source.py`` imports the rest when ``read()`` is called)."""
-    import pyarrow.compute  # noqa: F401
+class _WarmUpReader(DataSourceReader):
+    def __init__(self, partitions: int) -> None:
+        self.count = partitions
 
-    import spark_jetstream.read.direct
-    import spark_jetstream.source  # noqa: F401
+    def partitions(self) -> list[InputPartition]:
+        return [InputPartition(index) for index in range(self.count)]
 
-    yield from batches
+    def read(self, partition: InputPartition) -> Iterator[tuple[int]]:
+        """Import what a read imports (``source.py`` imports the rest when ``read()`` is called)."""
+        import pyarrow.compute  # noqa: F401
+
+        import spark_jetstream.read.direct
+        import spark_jetstream.source  # noqa: F401
+
+        yield (partition.value,)
+
+
+class WorkerWarmUp(threading.Thread):
+    """Starts a Python worker per core that imports the connector (Spark reuses them), while the query starts.
+
+    The first batch's tasks then skip the workers' start-up and imports. Nothing else is warmed up: a sample write of
+    the sink (shuffle, code generation, the parquet writer) held both task slots while the first batch waited for
+    them. A failure is not the demo's: the first batch then starts the workers itself, and one line says so."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        super().__init__(name="demo-workers", daemon=True)
+        self.spark = spark
+        self.failure: str | None = None
+
+    def run(self) -> None:
+        try:
+            cores = self.spark.sparkContext.defaultParallelism
+            self.spark.dataSource.register(WarmUpSource)
+            self.spark.read.format(WarmUpSource.name()).option("partitions", cores).load().collect()
+        except Exception as exc:  # reported in one line by the main thread
+            self.failure = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _status(
-    batches: list[BatchProgress], read: int, published: int, api: JetStreamApi, stream: str, checkpoint: Path, t: float
+    batches: list[BatchProgress], read: int, published: int, api: JetStreamApi, stream: str, doing: str, t: float
 ) -> str:
-    """The live line: the last finished batch, or before the first one what the query is doing."""
+    """The live line: the last finished batch, or before the first one what Spark is doing."""
     last = batches[-1] if batches else None
-    end_seq = last.end_seq if last and last.end_seq is not None else 0
-    lag = api.stream_info(stream)["state"]["last_seq"] - end_seq
     if last is None:
-        planned = planned_offset(checkpoint)
-        doing = (
-            "starting the query"
-            if planned is None
-            else f"reading batch {planned[0]} (seqs up to {planned[1]['seq']:,})"
-        )
         return f"  {t:5.1f}s  published {published:>9,}  {doing}"
+    end_seq = last.end_seq if last.end_seq is not None else 0
+    lag = api.stream_info(stream)["state"]["last_seq"] - end_seq
     return (
         f"  {t:5.1f}s  batch {last.batch_id:>3}  published {published:>9,}  "
         f"read {read:>9,}  {last.processed_rate:>8,.0f} rows/s  lag {lag:>7,}"
     )
 
 
-def _speed(batches: list[BatchProgress], started: float) -> str:
-    """Where the time went, from the query's progress: the first batch, then Spark's pace per batch
-    (reading, from_json, the aggregate and the parquet write together) against the publishing pace."""
+def _before_first_batch(spark: SparkSession, query: StreamingQuery, checkpoint: Path, warming: bool) -> str:
+    """What Spark is doing before the first batch ends, from the checkpoint's offset log and the query's jobs.
+
+    A query's jobs run in a job group named after its run id; a batch's first stage reads the source, one task
+    per partition with messages, so its finished tasks say how far the read is without asking the source. The
+    demo's stream and checkpoint are new, so batch 0 holds the messages of seqs 1 to its end offset."""
+    planned = planned_offset(checkpoint)
+    if planned is None:
+        return "starting the query and Spark's Python workers" if warming else "starting the query"
+    batch, end = planned[0], int(planned[1]["seq"])
+    tracker = spark.sparkContext.statusTracker()
+    stage_ids = sorted(
+        stage
+        for job in tracker.getJobIdsForGroup(str(query.runId))
+        if (info := tracker.getJobInfo(job))
+        for stage in info.stageIds
+    )
+    stages = [info for info in map(tracker.getStageInfo, stage_ids) if info is not None]
+    if not stages:
+        return f"planning batch {batch} ({end:,} messages)"
+    reading = stages[0]
+    if reading.numCompletedTasks < reading.numTasks:
+        return (
+            f"reading batch {batch} ({end:,} messages): {reading.numCompletedTasks} of {reading.numTasks} "
+            "partitions read"
+        )
+    return f"batch {batch} read ({end:,} messages): from_json, aggregate, parquet write"
+
+
+@dataclass(frozen=True)
+class ReadOnlyPass:
+    """The read-only pass of the stream: what the connector reads on this machine, without the pipeline's work."""
+
+    batches: list[BatchProgress]
+    seconds: float  # from the query's start to its end
+    stored_bytes: int  # the stream's size: the messages as stored, subjects and headers included
+
+    @property
+    def rows(self) -> int:
+        return sum(b.rows for b in self.batches)
+
+    @property
+    def busy(self) -> float:
+        """Seconds the batches took, from the query's progress (the query's start-up excluded)."""
+        return sum(b.duration_ms for b in self.batches) / 1000
+
+
+def _read_only_pass(
+    spark: SparkSession,
+    api: JetStreamApi,
+    nats: dict[str, str],
+    stream: str,
+    batch_limit: int,
+    checkpoint: Path,
+    timeout: float,
+) -> ReadOnlyPass:
+    """Read the whole stream again with the pipeline's options into Spark's ``noop`` sink (``availableNow``): the
+    connector's own speed next to what the pipeline processed. Its group's member consumers are removed after."""
+    began = time.monotonic()
+    query = (
+        spark.readStream.format("jetstream")
+        .options(**nats)
+        .option("stream", stream)
+        .option("group", READ_ONLY_GROUP)
+        .option("startingPosition", "earliest")
+        .option("includeHeaders", "true")
+        .option("maxMessagesPerTrigger", batch_limit)
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .queryName("demo_read_only")
+        .trigger(availableNow=True)
+        .start()
+    )
+    finished = False
+    try:
+        with contextlib.suppress(Exception):  # a failed query raises here: its exception() is reported below
+            finished = query.awaitTermination(timeout)
+        seconds = time.monotonic() - began
+        if query.exception() is not None:
+            raise JetStreamError(f"The read-only pass failed: {query.exception()}")
+        if not finished:
+            raise JetStreamError(f"The read-only pass did not finish within {timeout:g}s.")
+    finally:
+        query.stop()
+        for member in status(api, stream, READ_ONLY_GROUP):
+            with contextlib.suppress(ConsumerNotFoundError):
+                api.delete_consumer(stream, member.consumer)
+    batches = [batch for batch in map(batch_progress, query.recentProgress) if batch.rows]
+    return ReadOnlyPass(batches, seconds, int(api.stream_info(stream)["state"]["bytes"]))
+
+
+def _speed(batches: list[BatchProgress], started: float, read_only: ReadOnlyPass, batch_limit: int) -> str:
+    """Where the time went, from the queries' progress: the pipeline's first batch, then its pace per batch
+    (reading, from_json, the aggregate and the parquet write together) against the publishing pace, then the
+    read-only pass: the connector alone, on the same machine and stream."""
     if not batches:
         return "\n  no batch finished"
     first, rest = batches[0], batches[1:] or batches
     first_done = first.at + first.duration_ms / 1000 - started
     busy = sum(b.duration_ms for b in rest) / 1000
     arriving = [b.input_rate for b in rest if b.input_rate]
+    passes = max(len(read_only.batches), 1)
+    busy_only, megabytes = max(read_only.busy, 1e-9), read_only.stored_bytes / 1e6
     return (
         f"\n  first batch: {first.rows:,} rows, finished {first_done:.1f}s after the query started "
-        f"(Spark starts its Python workers then)\n"
+        "(the query's start-up included)\n"
         f"  then {len(rest)} batches of {sum(b.rows for b in rest) // len(rest):,} rows on average, "
         f"{busy * 1000 / len(rest):,.0f} ms each: Spark processed {sum(b.rows for b in rest) / max(busy, 1e-9):,.0f} "
         f"rows/s (read, from_json, aggregate, parquet write) while they arrived at "
         f"{(sum(arriving) / len(arriving)) if arriving else 0:,.0f} rows/s\n"
-        "  (the connector's read speed alone, against a raw pull loop: BENCHMARKS.md)"
+        f"  read-only pass (the same stream into Spark's noop sink, batches <= {batch_limit:,}): "
+        f"{read_only.rows:,} rows ({megabytes:,.1f} MB as stored) in {len(read_only.batches)} batches, "
+        f"{read_only.busy * 1000 / passes:,.0f} ms each: the connector read {read_only.rows / busy_only:,.0f} rows/s, "
+        f"{megabytes / busy_only:,.1f} MB/s ({read_only.seconds:.1f}s with the query's start)"
     )
 
 
@@ -346,11 +497,12 @@ def _wait_for_floors(api: JetStreamApi, stream: str, checkpoint: Path) -> tuple[
 
 
 def _report(
-    spark,
+    spark: SparkSession,
     results: Path,
     publisher: PacedPublisher,
     read: int,
     batches: list[BatchProgress],
+    read_only: ReadOnlyPass,
     committed: int,
     floors: dict[str, int],
     floors_ok: bool,
@@ -380,10 +532,10 @@ def _report(
         plot = listener.plot(out_dir / "throughput_and_lag.png", title="spark-jetstream demo")
     except ImportError as exc:
         print(f"\n  (no plot: {exc})")
-    ok = totals_ok and floors_ok and read == publisher.published
+    ok = totals_ok and floors_ok and read == publisher.published == read_only.rows
     print(
         f"\n{'OK' if ok else 'FAILED'}: published {publisher.published:,} orders; Spark read {read:,} rows in "
-        f"{len(batches)} batches; "
+        f"{len(batches)} batches (and {read_only.rows:,} in the read-only pass); "
         f"revenue by region {'matches' if totals_ok else 'DOES NOT match'} exactly; "
         f"ack floors {'equal' if floors_ok else 'DO NOT equal'} the checkpoint (seq {committed:,})."
     )
