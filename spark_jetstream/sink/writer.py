@@ -182,6 +182,6 @@ def stream_writer(options: Mapping[str, str], schema: StructType) -> JetStreamSt
     config = SinkConfig.parse(options)
     columns = check_columns(schema, config)
     ensure_bucket(connect(config.connection), config.commit_bucket, config.commit_bucket_replicas)
-    from pyspark.sql.pandas.types import to_arrow_schema  # imports pandas: only where a stream is written
+    from pyspark.sql.pandas.types import to_arrow_schema  # needs no pandas (PySpark 4.0-4.3), but is heavy
 
     return JetStreamStreamWriter(config, columns, to_arrow_schema(schema))
