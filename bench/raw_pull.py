@@ -29,11 +29,15 @@ PARALLEL = 2
 """Baseline processes: as many as ``local[2]`` runs tasks at once."""
 
 
-def raw_drain(address: tuple[str, int], stream: str, consumer: str, inbox: bytes = INBOX) -> int:
+def raw_drain(
+    address: tuple[str, int], stream: str, consumer: str, inbox: bytes = INBOX, max_bytes: int | None = None
+) -> int:
     """Pull every message of a freshly reset pinned consumer; return how many arrived.
 
     Drains running at the same time need distinct ``inbox`` subjects: every connection
-    subscribed to a subject gets every message published to it.
+    subscribed to a subject gets every message published to it. ``max_bytes`` bounds each pull (large
+    messages: a pull of ``BATCH`` of them would exceed what the server buffers for a client); each pull
+    then ends with a status.
     """
     raw = RawSocket(address)
     try:
@@ -47,6 +51,8 @@ def raw_drain(address: tuple[str, int], stream: str, consumer: str, inbox: bytes
         done = False
         while not done:
             request: dict[str, object] = {"batch": BATCH, "expires": EXPIRES_NS, "group": PRIORITY_GROUP}
+            if max_bytes is not None:
+                request["max_bytes"] = max_bytes
             if pin_id is not None:
                 request["id"] = pin_id
             body = json.dumps(request).encode()
@@ -84,7 +90,7 @@ def raw_drain(address: tuple[str, int], stream: str, consumer: str, inbox: bytes
                                 pin_id = buf[at + len(PIN_HEADER) : value_end].strip().decode()
                         if tokens[8] == b"0":
                             done = batch_over = True
-                        elif in_batch == BATCH:
+                        elif in_batch == BATCH and max_bytes is None:  # with max_bytes a status ends every pull
                             batch_over = True
                     elif hdr_len and buf.startswith(STATUS_4XX, start):
                         batch_over = True
@@ -107,15 +113,15 @@ def _worker_ready(_: int) -> int:
     return os.getpid()
 
 
-def drain(address: tuple[str, int], consumer: str, stream: str = STREAM) -> int:
+def drain(address: tuple[str, int], consumer: str, stream: str = STREAM, max_bytes: int | None = None) -> int:
     """``raw_drain`` on an inbox of its own: concurrent drains on one shared inbox see each other's messages."""
-    return raw_drain(address, stream, consumer, b"%s.%d.%s" % (INBOX, os.getpid(), consumer.encode()))
+    return raw_drain(address, stream, consumer, b"%s.%d.%s" % (INBOX, os.getpid(), consumer.encode()), max_bytes)
 
 
-def _drain(job: tuple[tuple[str, int], str, str]) -> tuple[str, int, float]:
-    address, consumer, stream = job
+def _drain(job: tuple[tuple[str, int], str, str, int | None]) -> tuple[str, int, float]:
+    address, consumer, stream, max_bytes = job
     began = time.perf_counter()
-    count = drain(address, consumer, stream)
+    count = drain(address, consumer, stream, max_bytes)
     return consumer, count, time.perf_counter() - began
 
 
@@ -130,7 +136,12 @@ def reset_members(conn: Connection, consumers: list[str], stream: str = STREAM) 
 
 
 def run_baseline_parallel(
-    conn: Connection, address: tuple[str, int], consumers: list[str], expected: int, stream: str = STREAM
+    conn: Connection,
+    address: tuple[str, int],
+    consumers: list[str],
+    expected: int,
+    stream: str = STREAM,
+    max_bytes: int | None = None,
 ) -> tuple[float, int]:
     """Drain the members with ``raw_drain`` in ``PARALLEL`` spawned processes; resets and process start not timed."""
     workers = min(PARALLEL, len(consumers))
@@ -141,7 +152,7 @@ def run_baseline_parallel(
         if reset_members(conn, consumers, stream) != expected:
             raise SystemExit("FAILED: the member consumers do not hold every message after RESET to seq 1")
         began = time.perf_counter()
-        results = pool.map(_drain, [(address, c, stream) for c in consumers], chunksize=1)
+        results = pool.map(_drain, [(address, c, stream, max_bytes) for c in consumers], chunksize=1)
         seconds = time.perf_counter() - began
     return seconds, sum(count for _, count, _ in results)
 

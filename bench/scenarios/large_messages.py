@@ -300,7 +300,8 @@ def _one_size(suite: Suite, spark: SparkSession, size: int, count: int) -> list[
     api.call(("STREAM", "UPDATE", STREAM), {**api.stream_info(STREAM)["config"], "allow_direct": False}, "Updating")
     seconds, worker, cpu = measured("streaming read, pull", lambda: streaming("pull"))
     consumers = [member_consumer_name("pull", str(p)) for p in range(PARTITIONS)]
-    raw_seconds, raw_count = run_baseline_parallel(suite.conn, suite.address, consumers, count, STREAM)
+    pull_bytes = default_of("pullMaxBytes")  # as the connector's pulls
+    raw_seconds, raw_count = run_baseline_parallel(suite.conn, suite.address, consumers, count, STREAM, pull_bytes)
     check("the raw pull loop", raw_count)
     cases.append(
         Case(size, "streaming (pull)", megabytes / seconds, megabytes / raw_seconds, stream_ceiling, worker, cpu)

@@ -119,7 +119,7 @@ class Publisher:
         self._sends: deque[tuple[int, int]] = deque()  # (messages sent up to its end, bytes) of each send not yet acked
         self.failures: list[str] = []
         self._next_token = 0
-        self._subjects: list[tuple[int, Callable[[int], str]]] = []  # (first token, token offset -> subject)
+        self._subjects: deque[tuple[int, Callable[[int], str]]] = deque()  # (first token, offset -> subject)
         self._room = asyncio.Event()  # set when the window has room again (or something failed)
         self._idle = asyncio.Event()  # set when nothing is outstanding (or something failed)
         self._sid: int | None = None
@@ -242,9 +242,11 @@ class Publisher:
         """``count`` more PubAcks: a send's bytes are released once as many PubAcks came as were sent up to its
         end (a stream acks in order; PubAcks of several streams may interleave, which only delays the release)."""
         self.outstanding -= count
-        acked, sends = self.sent - self.outstanding, self._sends
+        acked, sends, subjects = self.sent - self.outstanding, self._sends, self._subjects
         while sends and sends[0][0] <= acked:
             self.outstanding_bytes -= sends.popleft()[1]
+        while len(subjects) > 1 and subjects[1][0] <= acked:  # acked: only a stream acking out of order names them
+            subjects.popleft()
         if (self.outstanding <= self.window // 2 and self.outstanding_bytes <= self.window_bytes // 2) or self.failures:
             self._room.set()
             if not self.outstanding or self.failures:

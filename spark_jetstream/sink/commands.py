@@ -206,8 +206,9 @@ def slices(payload_ends: list[int], max_rows: int, max_bytes: int) -> Iterator[t
 
 
 def _subject_lookup(rows: pa.RecordBatch, columns: Columns, config: SinkConfig) -> Any:
-    """token offset -> subject, evaluated only to name the subject of a failed publish."""
+    """token offset -> subject, evaluated only to name the subject of a failed publish. Over a copy of the
+    slice's subjects: Spark's batches arrive as one IPC body, which any slice of a column keeps alive."""
     if columns.subject is None:
         return lambda _: config.subject or "?"
-    column = rows.column(columns.subject)
+    column = pa.concat_arrays([rows.column(columns.subject)])
     return lambda i: column[i].as_py() or config.subject or "?"
