@@ -1,8 +1,9 @@
 """The raw-protocol Direct Get loop: the baseline of reads that use Direct Get.
 
 ``raw_direct`` is the simplest loop on a blocking TCP socket (no nats-py): one Direct Get batch request
-(``seq``, ``next_by_subj``, ``batch``; no ``max_bytes``, so the server sends up to its own per-request
-bound) at a time, reading each reply's ``Nats-Sequence`` and the end-of-batch status and nothing else.
+(``seq``, ``next_by_subj``, ``batch``, ``max_bytes`` ``MAX_BYTES``: without it the server answers up to its
+client buffer, 64 MiB, and a reply that size closes the connection as a slow consumer) at a time, reading
+each reply's ``Nats-Sequence`` and the end-of-batch status and nothing else.
 ``run_direct_parallel`` reads one filter subject per spawned process, ``PARALLEL`` at once (as
 ``local[2]`` runs 2 tasks at once).
 """
@@ -17,6 +18,7 @@ from common import RawSocket
 from raw_pull import PARALLEL, _worker_ready
 
 BATCH = 10_000
+MAX_BYTES = 16 * 1024 * 1024
 _SEQUENCE = b"Nats-Sequence: "
 _STATUS = b"NATS/1.0 "
 
@@ -33,7 +35,8 @@ def raw_direct(address: tuple[str, int], stream: str, subject: str, after: int =
         count = nbytes = 0
         seq = after
         while True:
-            body = json.dumps({"seq": seq + 1, "next_by_subj": subject, "batch": BATCH}).encode()
+            request = {"seq": seq + 1, "next_by_subj": subject, "batch": BATCH, "max_bytes": MAX_BYTES}
+            body = json.dumps(request).encode()
             sock.sendall(b"PUB %s %s %d\r\n%s\r\n" % (api, inbox, len(body), body))
             pending = None
             while True:  # the replies of this request, up to its end-of-batch status
