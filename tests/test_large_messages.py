@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from test_source import ack_floors, checkpoint_log, reader
+from test_source import ack_floors, checkpoint_log, reader, run_available_now
 
 from spark_jetstream.client.connection import ConnectionOptions, connect
 from spark_jetstream.client.publish import Publisher, command
@@ -53,15 +53,7 @@ def test_a_streaming_read_of_1mb_and_200kb_messages_is_exact_with_defaults(
     direct, spark, nats_server, api, make_stream, tmp_path
 ):
     stream = make_stream(400, partitions=2, direct=direct, size=large_or_200k)  # 80 x 1 MB + 320 x 200 KB
-    query = (
-        fingerprints(reader(spark, nats_server.url, stream))
-        .writeStream.format("parquet")
-        .option("path", str(tmp_path / "out"))
-        .option("checkpointLocation", str(tmp_path / "cp"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
+    run_available_now(fingerprints(reader(spark, nats_server.url, stream)), tmp_path)
     assert collected(spark.read.parquet(str(tmp_path / "out"))) == expected(stream)
     offsets = checkpoint_log(tmp_path / "cp", "offsets")
     assert offsets[max(offsets)] == stream.last_seq

@@ -215,15 +215,7 @@ def run(
         spark.streams.addListener(listener)
 
         results, checkpoint = out_dir / "revenue_by_region", out_dir / "checkpoint"
-        source = (
-            spark.readStream.format("jetstream")
-            .options(**nats)
-            .option("stream", stream)
-            .option("group", GROUP)
-            .option("includeHeaders", "true")
-            .option("maxMessagesPerTrigger", batch_limit)
-            .load()
-        )
+        source = _orders(spark, nats, stream, GROUP, batch_limit)
 
         def write_batch(frame: DataFrame, batch_id: int) -> None:
             write_revenue(frame, results / f"batch_id={batch_id}")  # a replay overwrites its own: idempotent
@@ -413,6 +405,22 @@ class ReadOnlyPass:
         return sum(b.duration_ms for b in self.batches) / 1000
 
 
+def _orders(
+    spark: SparkSession, nats: dict[str, str], stream: str, group: str, batch_limit: int, **options: str
+) -> DataFrame:
+    """The order stream as the pipeline reads it (the read-only pass reads it the same way)."""
+    return (
+        spark.readStream.format("jetstream")
+        .options(**nats)
+        .option("stream", stream)
+        .option("group", group)
+        .option("includeHeaders", "true")
+        .option("maxMessagesPerTrigger", batch_limit)
+        .options(**options)
+        .load()
+    )
+
+
 def _read_only_pass(
     spark: SparkSession,
     api: JetStreamApi,
@@ -426,14 +434,7 @@ def _read_only_pass(
     connector's own speed next to what the pipeline processed. Its group's member consumers are removed after."""
     began = time.monotonic()
     query = (
-        spark.readStream.format("jetstream")
-        .options(**nats)
-        .option("stream", stream)
-        .option("group", READ_ONLY_GROUP)
-        .option("startingPosition", "earliest")
-        .option("includeHeaders", "true")
-        .option("maxMessagesPerTrigger", batch_limit)
-        .load()
+        _orders(spark, nats, stream, READ_ONLY_GROUP, batch_limit, startingPosition="earliest")
         .writeStream.format("noop")
         .option("checkpointLocation", str(checkpoint))
         .queryName("demo_read_only")
