@@ -49,6 +49,9 @@ NOT_FOUND_GRACE = 2.0
 
 log = logging.getLogger(__name__)
 
+PERMISSIONS_VIOLATION = "permissions violation"
+"""What the server's ``-ERR`` for a refused publish or subscribe says (nats-py lowercases it)."""
+
 PRIORITY_GROUP = "PCG"
 """The priority group every member consumer uses (as pcgroups does)."""
 
@@ -322,13 +325,16 @@ class JetStreamApi:
         body: dict[str, Any] = {"stream_name": stream, "config": config}
         if action:
             body["action"] = action
-        name = config["durable_name"]
+        name = config.get("durable_name") or config["name"]  # a durable, or an ephemeral with a name
         what = f"Creating consumer {name!r} on {stream!r}"
         return await self.call_async(("CONSUMER", "CREATE", stream, name), body, what, stream)
 
     def delete_consumer(self, stream: str, consumer: str) -> None:
+        self.conn.run(self.delete_consumer_async(stream, consumer))
+
+    async def delete_consumer_async(self, stream: str, consumer: str) -> None:
         tokens = ("CONSUMER", "DELETE", stream, consumer)
-        self.call(tokens, None, f"Deleting consumer {consumer!r}", stream, consumer)
+        await self.call_async(tokens, None, f"Deleting consumer {consumer!r}", stream, consumer)
 
     async def unpin(self, stream: str, consumer: str, group: str = PRIORITY_GROUP) -> None:
         """Release the consumer's pin: a waiting pull of the old holder gets 423."""
@@ -361,6 +367,45 @@ class JetStreamApi:
             data=base64.b64decode(message.get("data") or ""),
             headers=headers,
         )
+
+    async def next_seq_async(self, stream: str, request: dict[str, Any]) -> int | None:
+        """The seq of the first message ``request`` names (``seq`` or ``start_time``, with ``next_by_subj``), read on
+        the stream leader with ``STREAM.MSG.GET``: any stream, Direct Get or not, and read-after-write safe. None
+        when no message matches."""
+        try:
+            reply = await self.call_async(("STREAM", "MSG", "GET", stream), request, f"Reading {stream!r}", stream)
+        except ApiError as exc:
+            if exc.err_code == NO_MESSAGE_FOUND:
+                return None
+            raise
+        return int(reply["message"]["seq"])
+
+    def next_seq(self, stream: str, request: dict[str, Any]) -> int | None:
+        """``next_seq_async`` from sync code."""
+        return self.conn.run(self.next_seq_async(stream, request))
+
+    def may_direct_get(self, stream: str) -> bool:
+        """Whether the NATS user may send Direct Get requests to ``stream`` (a stream that allows Direct Get).
+
+        The server does not answer a request its permissions refuse: it reports ``Permissions Violation for
+        Publish to "$JS.API.DIRECT.GET.<stream>"`` asynchronously (``-ERR``), which arrives before the answer to a
+        PING sent right after. One request and one round trip tell, instead of a request waiting for its timeout.
+        """
+        return self.conn.run(self._may_publish_async(self.subject("DIRECT", "GET", stream), b'{"seq": 1}'))
+
+    async def _may_publish_async(self, subject: str, payload: bytes) -> bool:
+        client = self.conn.client
+        before = client.last_error
+        inbox = client.new_inbox()
+        sub = await client.subscribe(inbox)
+        try:
+            await client.publish(subject, payload, reply=inbox)
+            await client.flush(timeout=max(self.conn.options.connect_timeout, 5.0))
+        finally:
+            await sub.unsubscribe()
+        error = client.last_error
+        text = str(error or "").lower()  # nats-py lowercases the server's -ERR
+        return error is before or PERMISSIONS_VIOLATION not in text or f'"{subject.lower()}"' not in text
 
     def direct_get(self, stream: str, request: dict[str, Any]) -> DirectMessage | None:
         """One Direct Get (``seq``/``next_by_subj``/``last_by_subj``/``start_time``); None when none matches.
