@@ -46,6 +46,8 @@ PULL_HEARTBEAT = 0.5
 _SILENCE = 3 * PULL_HEARTBEAT
 _IN_FLIGHT = 2
 _MAX_RECOVERIES = 5
+_MAX_BEHIND = 10
+"""Confirmations in a row (each after a pull expired empty) that the leader holds more than the consumer delivers."""
 _CONSUMER_GONE = ("Consumer Deleted", "Leadership Change", "Server Shutdown")
 """409 statuses after which the read goes on with a new consumer (503: there is none, or it has no server)."""
 _ACK_PREFIX = b"$JS.ACK."
@@ -96,6 +98,7 @@ class _ConsumerRead:
         self.confirm = False  # the consumer has nothing more right now: ask the stream leader what is left
         self.recover: str | None = None  # why the consumer must be made again
         self.recoveries = 0  # in a row, without a message between them
+        self.behind = 0  # times in a row the leader held more than the consumer delivered
         self.error: ReaderError | None = None
         self.done = False
 
@@ -205,8 +208,11 @@ class _ConsumerRead:
             raise ReaderError(f"Could not finish {self.name}: {exc}") from None
         if found is None or found > self.range.end:
             self._finish()
-        else:
-            log.debug("The consumer of %s has not delivered seq %d yet: pulling on", self.name, found)
+            return
+        self.behind += 1
+        if self.behind > _MAX_BEHIND:  # its server does not catch up: try a consumer on another one
+            self.recover = f"the consumer did not deliver seq {found} (the stream leader has it)"
+        log.debug("The consumer of %s has not delivered seq %d yet: pulling on", self.name, found)
 
     async def _recover(self, why: str) -> None:
         self.recoveries += 1
@@ -316,7 +322,7 @@ class _ConsumerRead:
                     self.confirm = True  # nothing more right now: the leader says whether that is the end
             if taken:
                 self.heard += taken
-                self.recoveries = 0
+                self.recoveries = self.behind = 0
                 self._delivered(taken)
                 self.wakeup.set()
             return pos
