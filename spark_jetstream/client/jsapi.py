@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -388,24 +389,35 @@ class JetStreamApi:
         """Whether the NATS user may send Direct Get requests to ``stream`` (a stream that allows Direct Get).
 
         The server does not answer a request its permissions refuse: it reports ``Permissions Violation for
-        Publish to "$JS.API.DIRECT.GET.<stream>"`` asynchronously (``-ERR``), which arrives before the answer to a
-        PING sent right after. One request and one round trip tell, instead of a request waiting for its timeout.
+        Publish to "$JS.API.DIRECT.GET.<stream>"`` asynchronously (``-ERR``; measured: sometimes after the answer
+        to a PING sent right after the request). So one request tells: an answer (a message, or a status) means
+        allowed, the violation means refused; neither within the connect timeout counts as allowed, and the read
+        itself then says what is wrong.
         """
-        return self.conn.run(self._may_publish_async(self.subject("DIRECT", "GET", stream), b'{"seq": 1}'))
+        return self.conn.run(self._may_request_async(self.subject("DIRECT", "GET", stream), b'{"seq": 1}'))
 
-    async def _may_publish_async(self, subject: str, payload: bytes) -> bool:
+    async def _may_request_async(self, subject: str, payload: bytes) -> bool:
         client = self.conn.client
         before = client.last_error
-        inbox = client.new_inbox()
-        sub = await client.subscribe(inbox)
+        sub = await client.subscribe(client.new_inbox(), max_msgs=1)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(self.conn.options.connect_timeout, 5.0)
         try:
-            await client.publish(subject, payload, reply=inbox)
-            await client.flush(timeout=max(self.conn.options.connect_timeout, 5.0))
+            await client.publish(subject, payload, reply=sub.subject)
+            while loop.time() < deadline:
+                error = client.last_error
+                text = str(error or "").lower()  # nats-py lowercases the server's -ERR
+                if error is not before and PERMISSIONS_VIOLATION in text and f'"{subject.lower()}"' in text:
+                    return False
+                try:
+                    await sub.next_msg(timeout=0.02)
+                    return True
+                except NatsTimeoutError:
+                    continue
+            return True
         finally:
-            await sub.unsubscribe()
-        error = client.last_error
-        text = str(error or "").lower()  # nats-py lowercases the server's -ERR
-        return error is before or PERMISSIONS_VIOLATION not in text or f'"{subject.lower()}"' not in text
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     def direct_get(self, stream: str, request: dict[str, Any]) -> DirectMessage | None:
         """One Direct Get (``seq``/``next_by_subj``/``last_by_subj``/``start_time``); None when none matches.
