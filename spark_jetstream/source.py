@@ -152,7 +152,7 @@ class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
             from spark_jetstream.stream.pull import read_member
 
             context = TaskContext.get()  # a retry or a speculative copy must fence the attempt before it
-            first = context is None or (context.attemptNumber() == 0 and context.stageAttemptNumber() == 0)
+            first = context is None or context.attemptNumber() == 0
             yield from read_member(conn, partition.value, self.config.pull, first_attempt=first)
 
     def commit(self, end: dict[str, Any]) -> None:
