@@ -1,7 +1,7 @@
 """The Spark-facing layer: the ``jetstream`` data source and its stream reader. Thin: it
 converts Spark's offsets and read limits and delegates to the coordinator (driver) and, in
-executors, to Direct Get reads (``direct.py``; the pinned pull reader ``pull.py`` on streams
-without Direct Get); batch reads live in ``batch.py``, writes in ``sink.py``.
+executors, to Direct Get reads (``direct.py``) or, with ``readMode=pull``, the pinned pull reader
+(``pull.py``); batch reads live in ``batch.py``, writes in ``sink.py``.
 
 >>> spark.readStream.format("jetstream").option("servers", "nats://localhost:4222") \\
 ...     .option("stream", "orders").option("group", "spark").load()
@@ -70,7 +70,7 @@ class JetStreamDataSource(DataSource):
 
 class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
     """Micro-batches are seq ranges of the stream; each group partition with messages in the batch is
-    one Spark partition (each member, on a stream without Direct Get).
+    one Spark partition, or several with ``minPartitions`` (each member, with ``readMode=pull``).
 
     Driver-side methods run on one instance in one long-lived process per query run and share
     a ``Coordinator``; ``read`` runs in executors on a pickled copy that never creates one.
@@ -147,9 +147,13 @@ class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
         if isinstance(partition.value, SeqRange):
             yield from read_range(conn, partition.value)
         else:
+            from pyspark import TaskContext
+
             from spark_jetstream.stream.pull import read_member
 
-            yield from read_member(conn, partition.value, self.config.pull)
+            context = TaskContext.get()  # a retry or a speculative copy must fence the attempt before it
+            first = context is None or context.attemptNumber() == 0
+            yield from read_member(conn, partition.value, self.config.pull, first_attempt=first)
 
     def commit(self, end: dict[str, Any]) -> None:
         self.coordinator.commit(self._watermark(end))

@@ -1,4 +1,5 @@
-"""Bounded batch reads end to end: real Spark, real nats-server, exact rows, untouched consumers."""
+"""Bounded batch reads end to end: real Spark, real nats-server, exact rows, untouched consumers; on streams with
+Direct Get and on streams without it (each task reads through an ephemeral consumer that it deletes)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,21 @@ from datetime import UTC, datetime
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from spark_jetstream.client.publish import publish_all
 
 pytestmark = pytest.mark.slow
 
 _VOLATILE = ("ts", "created", "last_active")  # timestamps in consumer info, not state
+
+EACH_READ_PATH = pytest.mark.parametrize("direct", [True, False], ids=["direct-get", "consumers"])
+"""Both read paths: a stream with Direct Get (read with it), and one without (read through consumers)."""
+
+
+def assert_nothing_left(api, stream) -> None:
+    """Only the group's member consumers are on the stream: every read's own consumer is gone."""
+    assert sorted(api.consumer_names(stream.name)) == sorted(stream.consumer(p) for p in range(stream.partitions))
 
 
 def batch_read(spark: SparkSession, url: str, stream: str, **options: object) -> DataFrame:
@@ -68,10 +78,11 @@ def error_text(exc: BaseException) -> str:
     return get_message() if callable(get_message) else str(exc)
 
 
+@EACH_READ_PATH
 def test_a_seq_range_reads_exactly_its_messages_and_leaves_the_group_untouched(
-    spark, nats_server, api, conn, make_stream
+    direct, spark, nats_server, api, conn, make_stream
 ):
-    stream = make_stream(6000, partitions=4, headers=True)
+    stream = make_stream(6000, partitions=4, headers=True, direct=direct)
     # Give the group a position that is not the start: ack floors at 2000, and member 1 has
     # messages delivered but not acked, so delivered, ack floor and pending all differ.
     for p in range(4):
@@ -98,10 +109,12 @@ def test_a_seq_range_reads_exactly_its_messages_and_leaves_the_group_untouched(
     assert [r.timestamp.tzinfo is None for r in rows[:1]] == [True]  # a Spark timestamp, like the source's
 
     assert consumer_states(api, stream) == before
+    assert_nothing_left(api, stream)
 
 
-def test_the_default_range_is_the_whole_stream_at_planning_time(spark, nats_server, conn, make_stream):
-    stream = make_stream(3000, partitions=3)
+@EACH_READ_PATH
+def test_the_default_range_is_the_whole_stream_at_planning_time(direct, spark, nats_server, api, conn, make_stream):
+    stream = make_stream(3000, partitions=3, direct=direct)
     df = batch_read(spark, nats_server.url, stream.name, maxRangePerPartition=700)
     assert df.rdd.getNumPartitions() == 3 * 5  # each partition token's range (first match..3000] in 700s
     out = df.select("subject", "data", "stream", "seq", "partition")
@@ -109,6 +122,7 @@ def test_the_default_range_is_the_whole_stream_at_planning_time(spark, nats_serv
 
     publish_all(conn, ((stream.messages[1][0], b"later", None) for _ in range(10)))
     assert batch_read(spark, nats_server.url, stream.name).count() == 3010  # a new plan sees the new end
+    assert_nothing_left(api, stream)
 
 
 def test_rows_have_the_streaming_source_schema(spark, nats_server, make_stream):
@@ -126,8 +140,9 @@ def test_rows_have_the_streaming_source_schema(spark, nats_server, make_stream):
         assert batch.schema == streaming.schema
 
 
-def test_timestamps_bound_the_range(spark, nats_server, conn, api, make_stream):
-    stream = make_stream(500, partitions=2)
+@EACH_READ_PATH
+def test_timestamps_bound_the_range(direct, spark, nats_server, conn, api, make_stream):
+    stream = make_stream(500, partitions=2, direct=direct)
     time.sleep(0.05)
     middle = datetime.now(UTC)
     time.sleep(0.05)
@@ -137,44 +152,76 @@ def test_timestamps_bound_the_range(spark, nats_server, conn, api, make_stream):
     assert sorted(r.seq for r in after.select("seq").collect()) == list(range(501, 701))
     before = batch_read(spark, nats_server.url, stream.name, endingTimestamp=int(middle.timestamp() * 1000))
     assert sorted(r.seq for r in before.select("seq").collect()) == list(range(1, 501))
+    assert_nothing_left(api, stream)
 
 
-def test_a_group_reads_its_members_filters(spark, nats_server, make_stream):
-    stream = make_stream(2000, partitions=4)
+@EACH_READ_PATH
+def test_a_group_reads_its_members_filters(direct, spark, nats_server, make_stream):
+    stream = make_stream(2000, partitions=4, direct=direct)
     df = batch_read(spark, nats_server.url, stream.name, group=stream.group, members=2, startingPosition=501)
     assert df.rdd.getNumPartitions() == 4  # 2 members x 2 partition filters each
     out = df.select("subject", "data", "stream", "seq", "partition")
     assert_df_equality(out, expected_rows(spark, stream, start=500), ignore_row_order=True, ignore_nullable=True)
 
 
-def test_an_unpartitioned_stream_is_split_by_sequence(spark, nats_server, conn, api):
-    api.create_stream({"name": "Flat", "subjects": ["flat.>"], "allow_direct": True})
+@EACH_READ_PATH
+def test_an_unpartitioned_stream_is_split_by_sequence(direct, spark, nats_server, conn, api):
+    api.create_stream({"name": "Flat", "subjects": ["flat.>"], "allow_direct": direct})
     try:
         publish_all(conn, ((f"flat.{i % 7}", f"m{i}".encode(), None) for i in range(1000)))
         df = batch_read(spark, nats_server.url, "Flat", maxRangePerPartition=300, startingPosition=11)
         assert df.rdd.getNumPartitions() == 4  # (10, 1000] in 300s
         rows = sorted((r.seq, r.subject, bytes(r.data), r.partition) for r in df.collect())
         assert rows == [(i + 1, f"flat.{i % 7}", f"m{i}".encode(), None) for i in range(10, 1000)]
+        assert api.consumer_names("Flat") == []
     finally:
         api.delete_stream("Flat")
 
 
-def test_empty_ranges_read_nothing(spark, nats_server, make_stream):
-    stream = make_stream(100, partitions=2)
+@EACH_READ_PATH
+def test_min_partitions_cuts_a_stream_without_partitions_into_that_many_tasks(direct, spark, nats_server, conn, api):
+    """A stream as clients make it by default (no partition transform) is one seq range: ``minPartitions`` cuts
+    it into contiguous slices, each read in seq order."""
+    api.create_stream({"name": "Plain", "subjects": ["plain.>"], "allow_direct": direct})
+    try:
+        publish_all(conn, ((f"plain.{i % 5}", f"m{i}".encode(), None) for i in range(20_000)))
+        assert batch_read(spark, nats_server.url, "Plain").rdd.getNumPartitions() == 1
+        df = batch_read(spark, nats_server.url, "Plain", minPartitions=8)
+        assert df.rdd.getNumPartitions() == 8
+        slices = (
+            df.select(F.spark_partition_id().alias("task"), "seq")
+            .groupBy("task")
+            .agg(F.min("seq").alias("low"), F.max("seq").alias("high"), F.count("seq").alias("rows"))
+        )
+        assert sorted(tuple(r) for r in slices.collect()) == [
+            (task, 2500 * task + 1, 2500 * (task + 1), 2500) for task in range(8)
+        ]
+        rows = sorted((r.seq, r.subject, bytes(r.data)) for r in df.collect())
+        assert rows == [(i + 1, f"plain.{i % 5}", f"m{i}".encode()) for i in range(20_000)]
+        assert api.consumer_names("Plain") == []
+    finally:
+        api.delete_stream("Plain")
+
+
+@EACH_READ_PATH
+def test_empty_ranges_read_nothing(direct, spark, nats_server, make_stream):
+    stream = make_stream(100, partitions=2, direct=direct)
     assert batch_read(spark, nats_server.url, stream.name, startingPosition="latest").count() == 0
     # both ends are inclusive (an end before the start is refused at load(): test_options)
     assert batch_read(spark, nats_server.url, stream.name, startingPosition=50, endingPosition=50).count() == 1
     assert batch_read(spark, nats_server.url, stream.name, startingPosition=90, endingPosition=10**9).count() == 11
 
 
-def test_removed_messages_fail_the_read_or_are_skipped(spark, nats_server, api, make_stream):
-    stream = make_stream(400, partitions=2)
+@EACH_READ_PATH
+def test_removed_messages_fail_the_read_or_are_skipped(direct, spark, nats_server, api, make_stream):
+    stream = make_stream(400, partitions=2, direct=direct)
     api.purge_stream(stream.name, keep_from_seq=301)
     with pytest.raises(Exception) as caught:
         batch_read(spark, nats_server.url, stream.name, startingPosition=101).count()
     assert f"Messages seqs 101..300 of stream '{stream.name}' were removed" in error_text(caught.value)
     rest = batch_read(spark, nats_server.url, stream.name, startingPosition=101, failOnDataLoss="false")
     assert sorted(r.seq for r in rest.select("seq").collect()) == list(range(301, 401))
+    assert_nothing_left(api, stream)
 
 
 @pytest.mark.parametrize(
@@ -197,15 +244,51 @@ def test_bad_batch_options_are_named(spark, nats_server, make_stream, options, m
     assert message in error_text(caught.value)
 
 
-def test_a_stream_without_direct_get_is_refused_with_the_fix(spark, nats_server, api):
+def test_a_stream_made_with_client_defaults_is_read_without_editing_it(spark, nats_server, conn, api):
+    """nats-py's ``StreamConfig(name, subjects)``: no ``allow_direct``, no partition transform. The read needs no
+    stream edit and leaves nothing on the server; ``readMode=direct`` is refused with the option and the fix."""
     api.create_stream({"name": "NoDirect", "subjects": ["nodirect.>"]})
     try:
+        publish_all(conn, ((f"nodirect.{i % 3}", f"m{i}".encode(), {"i": str(i)}) for i in range(5000)))
+        df = batch_read(spark, nats_server.url, "NoDirect", includeHeaders=True, startingPosition=101)
+        rows = sorted((r.seq, r.subject, bytes(r.data), dict(r.headers)) for r in df.collect())
+        assert rows == [(i + 1, f"nodirect.{i % 3}", f"m{i}".encode(), {"i": [str(i)]}) for i in range(100, 5000)]
+        assert batch_read(spark, nats_server.url, "NoDirect", readMode="pull").count() == 5000
+        assert api.consumer_names("NoDirect") == []
+        info = api.stream_info("NoDirect")
+        assert not info["config"].get("allow_direct") and info["state"]["messages"] == 5000  # the stream as it was
+
         with pytest.raises(Exception) as caught:
-            batch_read(spark, nats_server.url, "NoDirect").count()
-        assert "Stream 'NoDirect' does not allow Direct Get" in error_text(caught.value)
-        assert "nats stream edit NoDirect --allow-direct" in error_text(caught.value)
+            batch_read(spark, nats_server.url, "NoDirect", readMode="direct").count()
+        assert (
+            "readMode=direct, but stream 'NoDirect' does not allow Direct Get: enable it with `nats stream edit "
+            "NoDirect --allow-direct`, or set readMode to auto or pull"
+        ) in error_text(caught.value)
     finally:
         api.delete_stream("NoDirect")
+
+
+def test_read_mode_pull_reads_a_stream_with_direct_get_through_consumers(spark, nats_server, api, make_stream):
+    stream = make_stream(3000, partitions=3, headers=True)
+    rows = {
+        mode: sorted(tuple(r) for r in batch_read(spark, nats_server.url, stream.name, readMode=mode).collect())
+        for mode in ("direct", "pull")
+    }
+    assert rows["direct"] == rows["pull"] and len(rows["pull"]) == 3000
+    assert_nothing_left(api, stream)
+
+
+def test_a_workqueue_stream_without_direct_get_is_refused_with_the_fix(spark, nats_server, api):
+    api.create_stream({"name": "WorkNoDirect", "subjects": ["worknodirect.>"], "retention": "workqueue"})
+    try:
+        with pytest.raises(Exception) as caught:
+            batch_read(spark, nats_server.url, "WorkNoDirect").count()
+        assert (
+            "Stream 'WorkNoDirect' is a WorkQueue stream, which serves each subject to one consumer only, so a batch "
+            "read cannot read it through a consumer of its own: enable Direct Get"
+        ) in error_text(caught.value)
+    finally:
+        api.delete_stream("WorkNoDirect")
 
 
 def test_streaming_reads_refuse_batch_only_options(spark, nats_server, make_stream, tmp_path):

@@ -20,9 +20,9 @@ pytestmark = pytest.mark.slow
 FOREIGN = Path(__file__).parent / "jobs" / "foreign_client.py"
 
 
-def start_query(spark, url: str, stream, tmp_path: Path) -> StreamingQuery:
+def start_query(spark, url: str, stream, tmp_path: Path, read_mode: str = "auto") -> StreamingQuery:
     return (
-        reader(spark, url, stream, maxMessagesPerTrigger=500)
+        reader(spark, url, stream, maxMessagesPerTrigger=500, readMode=read_mode)
         .writeStream.format("parquet")
         .option("path", str(tmp_path / "out"))
         .option("checkpointLocation", str(tmp_path / "cp"))
@@ -48,11 +48,12 @@ def foreign_client(url: str, stream, consumer: str, seconds: float, *extra: str)
     return subprocess.Popen([*args, "--seconds", str(seconds), *extra], stdout=subprocess.PIPE, text=True)
 
 
+@pytest.mark.parametrize("read_mode", ["auto", "pull"])
 def test_a_standby_on_a_member_consumer_gets_nothing_while_the_query_reads_new_data(
-    spark, nats_server, conn, api, make_stream, tmp_path
+    read_mode, spark, nats_server, conn, api, make_stream, tmp_path
 ):
     stream = make_stream(2000, partitions=2)
-    query = start_query(spark, nats_server.url, stream, tmp_path)
+    query = start_query(spark, nats_server.url, stream, tmp_path, read_mode)
     try:
         wait_for(lambda: committed_seq(tmp_path / "cp") >= 1000, 120, "the first batches")
         standby = foreign_client(nats_server.url, stream, stream.consumer(0), 15)

@@ -15,7 +15,9 @@ from test_source import ack_floors, checkpoint_log, reader, run_available_now
 
 from spark_jetstream.client.connection import ConnectionOptions, connect
 from spark_jetstream.client.publish import Publisher, command
+from spark_jetstream.read.consumer import read_by_consumer
 from spark_jetstream.read.direct import SeqRange, read_range
+from spark_jetstream.read.mode import PULL
 from spark_jetstream.stream.config import PullSettings
 from spark_jetstream.stream.pull import MemberRange, read_member
 
@@ -66,6 +68,8 @@ def test_a_batch_read_and_a_write_of_1mb_and_200kb_messages_are_exact_with_defau
     stream = make_stream(300, partitions=2, size=large_or_200k)
     rows = spark.read.format("jetstream").option("servers", nats_server.url).option("stream", stream.name).load()
     assert collected(fingerprints(rows)) == expected(stream)
+    pulled = spark.read.format("jetstream").options(servers=nats_server.url, stream=stream.name)
+    assert collected(fingerprints(pulled.option("readMode", "pull").load())) == expected(stream)  # consumers
 
     target = f"{stream.name}_COPY"
     api.create_stream({"name": target, "subjects": [f"copy.{stream.name}.>"], "allow_direct": True})
@@ -118,6 +122,21 @@ def test_pulls_and_record_batches_never_exceed_their_byte_bounds(conn, nats_serv
     tap, pulls = _wiretap(nats_server, f"$JS.API.CONSUMER.MSG.NEXT.{stream.name}.{consumer}")
     settings = PullSettings(max_bytes=2 * MB, record_batch_bytes=3 * MB)
     batches = list(read_member(conn, MemberRange(stream.name, consumer, 0, stream.last_seq), settings))
+    tap.run(tap.client.flush())
+    assert [seq for b in batches for seq in b.column("seq").to_pylist()] == stream.expected(0, 0, stream.last_seq)
+    for batch in batches:
+        assert _batch_bytes(batch) <= 3 * MB or batch.num_rows == 1
+    max_payload = conn.client.max_payload
+    assert pulls and all(p["max_bytes"] in (2 * MB, 2 * max_payload + 65536) for p in pulls), pulls
+
+
+def test_a_batch_reads_consumer_pulls_and_record_batches_never_exceed_their_byte_bounds(conn, nats_server, make_stream):
+    stream = make_stream(60, partitions=1, size=large_or_200k, direct=False)
+    tap, pulls = _wiretap(nats_server, f"$JS.API.CONSUMER.MSG.NEXT.{stream.name}.*")
+    seq_range = SeqRange(
+        stream.name, "0.>", 0, stream.last_seq, True, read_mode=PULL, pull_max_bytes=2 * MB, record_batch_bytes=3 * MB
+    )
+    batches = list(read_by_consumer(conn, seq_range))
     tap.run(tap.client.flush())
     assert [seq for b in batches for seq in b.column("seq").to_pylist()] == stream.expected(0, 0, stream.last_seq)
     for batch in batches:

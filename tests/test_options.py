@@ -14,6 +14,7 @@ from spark_jetstream.options import (
     LOAD,
     PULL_OPTIONS,
     READER_OPTIONS,
+    STREAM,
     parse_connection_options,
     parse_duration,
     parse_options,
@@ -126,6 +127,27 @@ def test_a_password_in_a_server_url_is_never_shown():
     options = parse_connection_options({"servers": "nats://alice:pw-URL-1@h:4222,nats://tok-URL-2@h2"})
     assert repr(options).startswith("ConnectionOptions(servers=('nats://alice:***@h:4222', 'nats://***@h2:4222'), ")
     assert options.describe_auth() == "user/password in the servers URL, token in the servers URL"
+
+
+@pytest.mark.parametrize("mode", [BATCH, STREAM, LOAD])
+def test_read_mode_and_min_partitions_apply_to_both_reads(mode):
+    raw = {"servers": "nats://127.0.0.1:1", "stream": "S", "group": "g"}
+    assert (parse_options(raw, mode)["readMode"], parse_options(raw, mode)["minPartitions"]) == ("auto", None)
+    values = parse_options({**raw, "readmode": " Pull ", "minpartitions": "8"}, mode)  # Spark lowercases keys
+    assert (values["readMode"], values["minPartitions"]) == ("pull", 8)
+    with pytest.raises(OptionError, match="'readMode' has an invalid value 'kafka': expected auto, direct or pull"):
+        parse_options({**raw, "readMode": "kafka"}, mode)
+    with pytest.raises(OptionError, match="Option 'minPartitions' has an invalid value '0': expected a whole number"):
+        parse_options({**raw, "minPartitions": "0"}, mode)
+
+
+def test_batch_reads_take_the_pull_options_of_their_consumer_path():
+    from spark_jetstream.read.batch import BatchConfig
+
+    config = BatchConfig.parse({"stream": "S", "readMode": "pull", "pullBatchSize": "200", "pullMaxBytes": "1m"})
+    assert (config.read_mode, config.batch, config.max_bytes) == ("pull", 200, 1 << 20)
+    with pytest.raises(OptionError, match="Option 'pullsInFlight' applies to spark.readStream only"):
+        BatchConfig.parse({"stream": "S", "pullsInFlight": "2"})
 
 
 @pytest.mark.parametrize("mode", [BATCH, LOAD])

@@ -90,7 +90,10 @@ def test_replay_after_an_abandoned_partial_read_is_identical(ack_policy, conn, m
 
 
 @EACH_ACK_POLICY
-def test_newer_reader_fences_the_older_one(ack_policy, conn, make_stream):
+@pytest.mark.parametrize("first_attempt", [False, True])
+def test_newer_reader_fences_the_older_one(ack_policy, first_attempt, conn, make_stream):
+    """Also when the newer reader is a task's first attempt: the member had deliveries since its last RESET, so the
+    pin it finds is not one to take over."""
     stream = make_stream(3000, partitions=2, consumers=ack_policy)
     member = MemberRange(stream.name, stream.consumer(0), 0, stream.last_seq)
     expected = stream.expected(0, 0, stream.last_seq)
@@ -98,7 +101,7 @@ def test_newer_reader_fences_the_older_one(ack_policy, conn, make_stream):
     seen_by_a = next(reader_a).column("seq").to_pylist()
     assert seen_by_a == expected[: SMALL.record_batch_size]
     # B starts while A is mid-read (A has pulls outstanding and unread rows buffered).
-    table_b = read_all(conn, member)
+    table_b = pa.Table.from_batches(list(read_member(conn, member, SMALL, first_attempt=first_attempt)))
     assert table_b.column("seq").to_pylist() == expected
     with pytest.raises(FencedError, match="fenced"):
         for batch in reader_a:
@@ -204,6 +207,47 @@ def test_a_standby_client_gets_nothing_while_the_reader_holds_the_pin(conn, make
     assert seqs == stream.expected(0, 0, stream.last_seq)
     assert [r for r, _ in received if r.startswith(b"$JS.ACK.")] == []  # no message went to the standby
     assert all(h and h.startswith(b"NATS/1.0 408") for _, h in received), received
+
+
+@pytest.mark.parametrize("first_attempt", [True, False])
+def test_a_first_attempt_takes_over_the_last_readers_pin_so_a_waiting_standby_gets_nothing(
+    first_attempt, conn, api, make_stream, nats_server
+):
+    """A pull that waits when a pin is released wins it: a task that UNPINs hands its member to a standby that is
+    waiting (and then fails, naming it); a first attempt that finds the pin of the query's last reader (no delivery
+    since the commit's RESET) pulls with it instead, and the standby gets nothing."""
+    from spark_jetstream.client.connection import ConnectionOptions, connect
+
+    stream = make_stream(3000, partitions=1)
+    consumer = stream.consumer(0)
+    first = MemberRange(stream.name, consumer, 0, 1000)
+    assert read_all(conn, first).column("seq").to_pylist() == list(range(1, 1001))
+    conn.run(api.reset(stream.name, consumer, 1001))  # the commit of that batch
+    other = connect(ConnectionOptions(servers=(nats_server.url,), connect_timeout=4.0))  # a second client
+    received: list[tuple[bytes, bytes | None]] = []
+
+    async def wait_as_standby() -> int:
+        inbox, sid = await other.subscribe_raw(lambda s, r, d, h: received.append((r, h)))
+        request = {"batch": 10, "group": "PCG", "expires": 20 * 10**9}
+        subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream.name}.{consumer}"
+        await other.client.publish(subject, json.dumps(request).encode(), reply=inbox)
+        await other.client.flush()
+        return sid
+
+    sid = other.run(wait_as_standby())
+    second = MemberRange(stream.name, consumer, 1000, stream.last_seq)
+    settings = PullSettings(batch=50, in_flight=3, expires=1.0, idle_heartbeat=0.25, record_batch_size=70)
+    try:
+        if first_attempt:
+            table = pa.Table.from_batches(list(read_member(conn, second, settings, first_attempt=True)))
+            assert table.column("seq").to_pylist() == list(range(1001, 3001))
+            assert [r for r, _ in received if r.startswith(b"$JS.ACK.")] == []  # nothing went to the standby
+        else:
+            with pytest.raises(ReaderError, match="Another client is pulling from the consumer"):
+                read_all(conn, second, settings)
+            assert [r for r, _ in received if r.startswith(b"$JS.ACK.")]  # the released pin went to the standby
+    finally:
+        other.run(other.unsubscribe_raw(sid))
 
 
 class _RecordingClient(RawClient):

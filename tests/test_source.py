@@ -155,11 +155,13 @@ def test_parquet_sink_gets_exactly_the_stream_and_ack_floors_equal_the_checkpoin
     assert {info["config"]["ack_policy"] for info in member_infos(api, stream).values()} == {ack_policy}
 
 
-@EACH_ACK_POLICY
+@pytest.mark.parametrize(("ack_policy", "read_mode"), [("explicit", "auto"), ("none", "auto"), ("none", "pull")])
 def test_between_batches_every_ack_floor_equals_the_last_committed_offset(
-    ack_policy, spark, nats_server, api, make_stream, tmp_path
+    ack_policy, read_mode, spark, nats_server, api, make_stream, tmp_path
 ):
-    """``record`` runs before the batch's tasks read (the DataFrame is lazy): floors are the last commit's."""
+    """``record`` runs before the batch's tasks read (the DataFrame is lazy): floors are the last commit's. With
+    ``readMode=pull`` on a stream with Direct Get the tasks pull from the member consumers (ack-none: delivery
+    moves a floor while a batch is read, and the commit sets it back to the checkpoint)."""
     stream = make_stream(3000, partitions=3, consumers=ack_policy)
     floors_seen: dict[int, set[int]] = {}
 
@@ -168,7 +170,7 @@ def test_between_batches_every_ack_floor_equals_the_last_committed_offset(
         batch.count()
 
     query = (
-        reader(spark, nats_server.url, stream, maxMessagesPerTrigger=700, ackPolicy=ack_policy)
+        reader(spark, nats_server.url, stream, maxMessagesPerTrigger=700, ackPolicy=ack_policy, readMode=read_mode)
         .writeStream.foreachBatch(record)
         .option("checkpointLocation", str(tmp_path / "cp"))
         .trigger(availableNow=True)
@@ -184,20 +186,28 @@ def test_between_batches_every_ack_floor_equals_the_last_committed_offset(
 
 
 @pytest.mark.parametrize(
-    ("ack_policy", "direct", "members"),
-    [("explicit", True, 0), ("none", True, 0), ("none", False, 0), ("explicit", True, 3)],
+    ("ack_policy", "direct", "members", "read_mode"),
+    [
+        ("explicit", True, 0, "auto"),
+        ("none", True, 0, "auto"),
+        ("none", False, 0, "auto"),
+        ("explicit", True, 3, "auto"),
+        ("none", True, 0, "pull"),
+    ],
 )
 def test_driver_killed_mid_batch_restarts_exactly_once(
-    ack_policy, direct, members, spark, nats_server, api, make_stream, tmp_path
+    ack_policy, direct, members, read_mode, spark, nats_server, api, make_stream, tmp_path
 ):
-    """Pulling with ``ackPolicy=none`` (a stream without Direct Get), the kill waits until a floor ran
-    ahead of the checkpoint (delivery is the ack there), so the restart must move it back and replay
+    """Pulling with ``ackPolicy=none`` (a stream without Direct Get, or ``readMode=pull``), the kill waits until a
+    floor ran ahead of the checkpoint (delivery is the ack there), so the restart must move it back and replay
     the batch. Direct Get reads never move a floor. ``members``: 3 members sharing 8 partitions unevenly."""
     stream = make_stream(6000, partitions=8 if members else 4, consumers=ack_policy, direct=direct)
     group = f"{stream.group}m{members}" if members else stream.group
     out, checkpoint = tmp_path / "out", tmp_path / "cp"
-    args = [sys.executable, str(JOB), "--servers", nats_server.url, "--stream", stream.name, "--group",
-            group, "--out", str(out), "--checkpoint", str(checkpoint), "--ack-policy", ack_policy]  # fmt: skip
+    pulls = not direct or read_mode == "pull"
+    args = [sys.executable, str(JOB), "--servers", nats_server.url, "--stream", stream.name, "--group", group,
+            "--out", str(out), "--checkpoint", str(checkpoint), "--ack-policy", ack_policy,
+            "--read-mode", read_mode]  # fmt: skip
     if members:
         args += ["--members", str(members)]
 
@@ -207,7 +217,7 @@ def test_driver_killed_mid_batch_restarts_exactly_once(
 
     def ready() -> bool:
         return mid_batch(checkpoint) and (
-            direct or ack_policy == "explicit" or max(ack_floors(api, stream).values(), default=0) > committed()
+            not pulls or ack_policy == "explicit" or max(ack_floors(api, stream).values(), default=0) > committed()
         )
 
     run_then_kill([*args, "--max-per-trigger", "1000", "--slow-ms", "2"], ready, 180)

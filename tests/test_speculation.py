@@ -139,15 +139,18 @@ def task_events(event_log_dir: Path) -> tuple[dict[TaskKey, dict[str, Any]], dic
     return starts, ends
 
 
+@pytest.mark.parametrize("read_mode", ["auto", "pull"])
 def test_a_speculative_copy_of_a_slow_member_takes_over_and_the_output_is_exact(
-    standalone, nats_server, api, make_stream, tmp_path
+    read_mode, standalone, nats_server, api, make_stream, tmp_path
 ):
+    """``auto`` reads the stream (it has Direct Get) with Direct Get; ``pull`` makes the copy UNPIN and RESET the
+    member consumer while the stalled original holds the pin."""
     stream = make_stream(20_000, partitions=2)
     out, checkpoint, events, result = (tmp_path / name for name in ("out", "cp", "events", "rows.json"))
     events.mkdir()
     command = [sys.executable, __file__, "--master", standalone.url, "--servers", nats_server.url,
                "--stream", stream.name, "--group", stream.group, "--out", str(out), "--checkpoint", str(checkpoint),
-               "--events", str(events), "--result", str(result)]  # fmt: skip
+               "--events", str(events), "--result", str(result), "--read-mode", read_mode]  # fmt: skip
     job = subprocess.Popen(
         command,
         env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
@@ -189,7 +192,7 @@ def test_a_speculative_copy_of_a_slow_member_takes_over_and_the_output_is_exact(
 def _job() -> None:
     """The driver: a streaming query on the standalone cluster whose member 0 stalls in its first attempts."""
     parser = argparse.ArgumentParser()
-    for name in ("master", "servers", "stream", "group", "out", "checkpoint", "events", "result"):
+    for name in ("master", "servers", "stream", "group", "out", "checkpoint", "events", "result", "read-mode"):
         parser.add_argument(f"--{name}", required=True)
     args = parser.parse_args()
 
@@ -247,6 +250,7 @@ def _job() -> None:
         .option("stream", args.stream)
         .option("group", args.group)
         .option("maxMessagesPerTrigger", 10_000)
+        .option("readMode", args.read_mode)
         .load()
         .withColumn("seq", stall_first_attempt_of_member_0("partition", "seq"))
     )

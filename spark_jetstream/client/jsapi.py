@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -48,6 +49,9 @@ NOT_FOUND_GRACE = 2.0
 ``$JS.API.STREAM.NAMES``/``CONSUMER.NAMES``) although ``$JS.API.INFO`` answers; then it is believed."""
 
 log = logging.getLogger(__name__)
+
+PERMISSIONS_VIOLATION = "permissions violation"
+"""What the server's ``-ERR`` for a refused publish or subscribe says (nats-py lowercases it)."""
 
 PRIORITY_GROUP = "PCG"
 """The priority group every member consumer uses (as pcgroups does)."""
@@ -322,13 +326,16 @@ class JetStreamApi:
         body: dict[str, Any] = {"stream_name": stream, "config": config}
         if action:
             body["action"] = action
-        name = config["durable_name"]
+        name = config.get("durable_name") or config["name"]  # a durable, or an ephemeral with a name
         what = f"Creating consumer {name!r} on {stream!r}"
         return await self.call_async(("CONSUMER", "CREATE", stream, name), body, what, stream)
 
     def delete_consumer(self, stream: str, consumer: str) -> None:
+        self.conn.run(self.delete_consumer_async(stream, consumer))
+
+    async def delete_consumer_async(self, stream: str, consumer: str) -> None:
         tokens = ("CONSUMER", "DELETE", stream, consumer)
-        self.call(tokens, None, f"Deleting consumer {consumer!r}", stream, consumer)
+        await self.call_async(tokens, None, f"Deleting consumer {consumer!r}", stream, consumer)
 
     async def unpin(self, stream: str, consumer: str, group: str = PRIORITY_GROUP) -> None:
         """Release the consumer's pin: a waiting pull of the old holder gets 423."""
@@ -361,6 +368,56 @@ class JetStreamApi:
             data=base64.b64decode(message.get("data") or ""),
             headers=headers,
         )
+
+    async def next_seq_async(self, stream: str, request: dict[str, Any]) -> int | None:
+        """The seq of the first message ``request`` names (``seq`` or ``start_time``, with ``next_by_subj``), read on
+        the stream leader with ``STREAM.MSG.GET``: any stream, Direct Get or not, and read-after-write safe. None
+        when no message matches."""
+        try:
+            reply = await self.call_async(("STREAM", "MSG", "GET", stream), request, f"Reading {stream!r}", stream)
+        except ApiError as exc:
+            if exc.err_code == NO_MESSAGE_FOUND:
+                return None
+            raise
+        return int(reply["message"]["seq"])
+
+    def next_seq(self, stream: str, request: dict[str, Any]) -> int | None:
+        """``next_seq_async`` from sync code."""
+        return self.conn.run(self.next_seq_async(stream, request))
+
+    def may_direct_get(self, stream: str) -> bool:
+        """Whether the NATS user may send Direct Get requests to ``stream`` (a stream that allows Direct Get).
+
+        The server does not answer a request its permissions refuse: it reports ``Permissions Violation for
+        Publish to "$JS.API.DIRECT.GET.<stream>"`` asynchronously (``-ERR``; measured: sometimes after the answer
+        to a PING sent right after the request). So one request tells: an answer (a message, or a status) means
+        allowed, the violation means refused; neither within the connect timeout counts as allowed, and the read
+        itself then says what is wrong.
+        """
+        return self.conn.run(self._may_request_async(self.subject("DIRECT", "GET", stream), b'{"seq": 1}'))
+
+    async def _may_request_async(self, subject: str, payload: bytes) -> bool:
+        client = self.conn.client
+        before = client.last_error
+        sub = await client.subscribe(client.new_inbox(), max_msgs=1)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(self.conn.options.connect_timeout, 5.0)
+        try:
+            await client.publish(subject, payload, reply=sub.subject)
+            while loop.time() < deadline:
+                error = client.last_error
+                text = str(error or "").lower()  # nats-py lowercases the server's -ERR
+                if error is not before and PERMISSIONS_VIOLATION in text and f'"{subject.lower()}"' in text:
+                    return False
+                try:
+                    await sub.next_msg(timeout=0.02)
+                    return True
+                except NatsTimeoutError:
+                    continue
+            return True
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     def direct_get(self, stream: str, request: dict[str, Any]) -> DirectMessage | None:
         """One Direct Get (``seq``/``next_by_subj``/``last_by_subj``/``start_time``); None when none matches.

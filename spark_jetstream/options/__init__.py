@@ -24,7 +24,13 @@ from spark_jetstream.client.connection_options import ConnectionOptions
 from spark_jetstream.options.checks import SPARK_WRITE_OPTIONS, parse_options
 from spark_jetstream.options.definitions import ALL, BATCH, LOAD, OPTIONS, READ, STREAM, WRITE, Option, options_for
 from spark_jetstream.options.docs import options_markdown
-from spark_jetstream.options.parsers import ACK_POLICIES, DEFAULT_PRIORITY_TIMEOUT, SUBJECT_PATTERN, parse_duration
+from spark_jetstream.options.parsers import (
+    ACK_POLICIES,
+    DEFAULT_PRIORITY_TIMEOUT,
+    READ_MODES,
+    SUBJECT_PATTERN,
+    parse_duration,
+)
 
 __all__ = [
     "ACK_POLICIES",
@@ -38,6 +44,7 @@ __all__ = [
     "PULL_OPTIONS",
     "READ",
     "READER_OPTIONS",
+    "READ_MODES",
     "SPARK_WRITE_OPTIONS",
     "STREAM",
     "SUBJECT_PATTERN",

@@ -24,6 +24,7 @@ from spark_jetstream.options.parsers import (
     parse_position,
     parse_positive_int,
     parse_pull_expires,
+    parse_read_mode,
     parse_servers,
     parse_size,
     parse_subject,
@@ -113,10 +114,11 @@ OPTIONS: tuple[Option, ...] = (
         parse_int,
         1000,
         "Messages asked for by one pull request.",
-        frozenset({STREAM}),
+        READ,
         "pull",
         attr="batch",
         minimum=1,
+        batch_doc="Messages asked for by one pull request (`readMode=pull`).",
     ),
     Option(
         "pullsInFlight",
@@ -155,10 +157,12 @@ OPTIONS: tuple[Option, ...] = (
         parse_size,
         4 * 1024 * 1024,
         "Payload bytes asked for by one pull request (bounds executor memory; a larger message still arrives).",
-        frozenset({STREAM}),
+        READ,
         "pull",
         attr="max_bytes",
         minimum=1024,
+        batch_doc="Payload bytes asked for by one pull request (`readMode=pull`; bounds executor memory; a larger "
+        "message still arrives).",
     ),
     Option(
         "recordBatchSize",
@@ -314,6 +318,34 @@ OPTIONS: tuple[Option, ...] = (
         "of it (see Guarantees).",
         frozenset({STREAM}),
         "read",
+    ),
+    Option(
+        "readMode",
+        parse_read_mode,
+        "auto",
+        "How tasks read: `direct` (Direct Get, every partition filter in parallel, from any replica; the stream "
+        "needs `allow_direct`), `pull` (each member's task pulls from its member consumer, which the task pins; "
+        "one Spark partition per member) or `auto`: `direct` where the stream allows Direct Get and the NATS user "
+        "may use it, else `pull` (README, Reading a stream).",
+        READ,
+        "read",
+        batch_doc="How tasks read: `direct` (Direct Get; the stream needs `allow_direct`), `pull` (each task "
+        "creates an ephemeral consumer for its range and deletes it when done; nothing else on the server "
+        "changes) or `auto`: `direct` where the stream allows Direct Get and the NATS user may use it, else `pull`.",
+    ),
+    Option(
+        "minPartitions",
+        parse_positive_int,
+        None,
+        "At least this many Spark partitions per micro-batch (as Kafka's `minPartitions`): the widest seq ranges "
+        "are cut into contiguous slices, each read in seq order, so one partition's messages may then be read "
+        "by several tasks at once. The same batch is always cut the same way. Refused when the query pulls "
+        "(`readMode=pull`, or `auto` on a stream without Direct Get): a member consumer is read by one task.",
+        READ,
+        "read",
+        batch_doc="At least this many Spark partitions (as Kafka's `minPartitions`): the widest seq ranges are cut "
+        "into contiguous slices, each read in seq order, so one partition's messages may then be read by several "
+        "tasks at once.",
     ),
     Option(
         "maxRangePerPartition",

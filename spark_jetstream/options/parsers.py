@@ -137,6 +137,18 @@ def parse_ack_policy(text: str) -> str:
     return lowered
 
 
+READ_MODES = ("auto", "direct", "pull")
+
+
+def parse_read_mode(text: str) -> str:
+    """How executors read: ``auto`` (Direct Get where the stream and the user allow it, else pull), ``direct``
+    or ``pull``."""
+    lowered = text.strip().lower()
+    if lowered not in READ_MODES:
+        raise ValueError("expected auto, direct or pull")
+    return lowered
+
+
 def parse_end_position(text: str) -> str | int:
     """``latest`` or the last stream sequence to read (inclusive)."""
     return _position(text, ("latest",), 0)

@@ -1,13 +1,14 @@
 """Bounded batch reads: ``spark.read.format("jetstream")`` over a seq range of a stream.
 
 The range ``(start, end]`` is fixed when Spark plans the query (default: the whole stream as it
-is then) and read with Direct Get (``read.direct``), like a streaming batch: the group's member
-consumers (their ack floors, pins and pending counts) are never touched, nothing is acked, and a
-crashed executor leaves nothing behind on the server. It needs ``allow_direct: true`` on the
-stream.
+is then). Tasks read it with Direct Get (``read.direct``), like a streaming batch, or, on a stream
+without Direct Get (``readMode``, ``read.mode``), each through an ephemeral consumer of its own that
+it deletes when done (``read.consumer``). Either way the group's member consumers (their ack floors,
+pins and pending counts) are never touched, nothing is acked, and a crashed executor leaves nothing
+behind for long.
 
 Parallelism: one Spark partition per partition filter (``<p>.>``, or the group's member filters)
-and per ``maxRangePerPartition`` stream sequences.
+and per ``maxRangePerPartition`` stream sequences, cut further for ``minPartitions``.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ import pyarrow as pa
 
 from spark_jetstream.client.connection import Connection, ConnectionOptions, connect
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.errors import ReaderError
 from spark_jetstream.groups.layout import partition_filters, transform_partitions
 from spark_jetstream.groups.resolve import resolve_layout
 from spark_jetstream.options import BATCH, config_values, connection_options, default_of, parse_options
-from spark_jetstream.read.direct import SeqRange, first_seqs, read_range, split
+from spark_jetstream.read.consumer import check_consumer_reads, read_by_consumer
+from spark_jetstream.read.direct import SeqRange, first_seqs, read_range, split, spread
+from spark_jetstream.read.mode import DIRECT, PULL, choose_read_mode
 from spark_jetstream.read.start import check_data_loss, seq_at, start_after
 from spark_jetstream.spark_compat import DataSourceReader, InputPartition
 
@@ -51,6 +53,10 @@ class BatchConfig:
     fail_on_data_loss: bool = default_of("failOnDataLoss")
     include_headers: bool = default_of("includeHeaders")
     max_range: int = default_of("maxRangePerPartition")
+    min_partitions: int | None = None
+    read_mode: str = default_of("readMode")
+    batch: int = default_of("pullBatchSize")
+    max_bytes: int = default_of("pullMaxBytes")
     direct_batch: int = default_of("directGetBatch")
     direct_max_bytes: int = default_of("directGetMaxBytes")
     record_batch_size: int = default_of("recordBatchSize")
@@ -63,7 +69,7 @@ class BatchConfig:
 
 
 class JetStreamBatchReader(DataSourceReader):
-    """Plans the ranges on the driver; executors read them with Direct Get."""
+    """Plans the ranges on the driver; executors read them as ``SeqRange.read_mode`` says: Direct Get or a consumer."""
 
     def __init__(self, config: BatchConfig) -> None:
         self.config = config
@@ -75,7 +81,8 @@ class JetStreamBatchReader(DataSourceReader):
         seq_range = getattr(partition, "value", None)
         if not isinstance(seq_range, SeqRange):
             return  # an empty plan: Spark still runs one task, with a placeholder partition
-        yield from read_range(connect(self.config.connection), seq_range)
+        conn = connect(self.config.connection)
+        yield from (read_by_consumer if seq_range.read_mode == PULL else read_range)(conn, seq_range)
 
 
 # -- planning (driver) ---------------------------------------------------------------------------
@@ -102,11 +109,9 @@ def plan(conn: Connection, config: BatchConfig) -> list[SeqRange]:
     layout = resolve_layout(api, source["config"], config.group, config.members) if config.group else None
     stream = layout.stream if layout else config.stream
     info = api.stream_info(stream) if stream != config.stream else source
-    if not info["config"].get("allow_direct"):
-        raise ReaderError(
-            f"Stream {stream!r} does not allow Direct Get, which batch reads use (they never touch consumers): "
-            f"enable it with `nats stream edit {stream} --allow-direct`."
-        )
+    read_mode = choose_read_mode(api, stream, info["config"], config.read_mode, "batch read")
+    if read_mode == PULL:
+        check_consumer_reads(stream, info["config"])
     first_seq, last_seq = info["state"]["first_seq"], info["state"]["last_seq"]
     start = start_after(
         api, layout, stream, config.starting_position or "earliest", config.starting_timestamp, first_seq, last_seq
@@ -139,7 +144,11 @@ def plan(conn: Connection, config: BatchConfig) -> list[SeqRange]:
         direct_max_bytes=config.direct_max_bytes,
         record_batch_size=config.record_batch_size,
         record_batch_bytes=config.record_batch_bytes,
+        read_mode=read_mode,
+        pull_batch=config.batch,
+        pull_max_bytes=config.max_bytes,
     )
-    ranges = split(template, first_seqs(conn, stream, filters, start), filters, config.max_range)
-    log.info("Batch read of %s seqs (%d, %d]: %d partitions", stream, start, end, len(ranges))
+    firsts = first_seqs(conn, stream, filters, start, leader=read_mode != DIRECT)
+    ranges = spread(split(template, firsts, filters, config.max_range), config.min_partitions)
+    log.info("Batch read of %s seqs (%d, %d] (%s): %d partitions", stream, start, end, read_mode, len(ranges))
     return ranges

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import json
 import logging
 import re
@@ -28,6 +29,7 @@ from spark_jetstream.client.jsapi import NO_MESSAGE_FOUND, JetStreamApi
 from spark_jetstream.client.protocol import STATUS_PREFIX, BulkHandler, status_line
 from spark_jetstream.errors import ApiError, ClusterUnavailableError, ReaderError
 from spark_jetstream.options import default_of
+from spark_jetstream.read.mode import DIRECT
 from spark_jetstream.read.rows import RowBatches, RowBuffer, binary_array
 
 log = logging.getLogger(__name__)
@@ -47,7 +49,8 @@ headers after the message's own. A reply it does not match exactly goes to the p
 
 @dataclass(frozen=True)
 class SeqRange:
-    """One Spark partition's read: the messages matching ``filter`` with ``start < seq <= end``."""
+    """One Spark partition's read: the messages matching ``filter`` with ``start < seq <= end``, read with Direct Get
+    (``read_range``) or, with ``read_mode`` ``pull``, through an ephemeral consumer (``read.consumer``)."""
 
     stream: str
     filter: str
@@ -59,14 +62,23 @@ class SeqRange:
     direct_max_bytes: int = default_of("directGetMaxBytes")
     record_batch_size: int = default_of("recordBatchSize")
     record_batch_bytes: int = default_of("recordBatchBytes")
+    read_mode: str = DIRECT
+    pull_batch: int = default_of("pullBatchSize")
+    pull_max_bytes: int = default_of("pullMaxBytes")
 
 
-def first_seqs(conn: Connection, stream: str, filters: Sequence[str], after: int) -> list[int | None]:
-    """The first seq after ``after`` of each filter subject (None: none yet), one Direct Get each."""
+def first_seqs(
+    conn: Connection, stream: str, filters: Sequence[str], after: int, leader: bool = False
+) -> list[int | None]:
+    """The first seq after ``after`` of each filter subject (None: none yet), one Direct Get each, or with ``leader``
+    one ``STREAM.MSG.GET`` each on the stream leader (a stream without Direct Get, or a user who may not use it)."""
     api = JetStreamApi(conn)
 
     async def first(subject: str) -> int | None:
-        found = await api.direct_get_async(stream, {"seq": after + 1, "next_by_subj": subject})
+        request = {"seq": after + 1, "next_by_subj": subject}
+        if leader:
+            return await api.next_seq_async(stream, request)
+        found = await api.direct_get_async(stream, request)
         return found.seq if found else None
 
     async def gather() -> list[int | None]:
@@ -84,6 +96,38 @@ def split(template: SeqRange, firsts: Sequence[int | None], filters: Sequence[st
         if first is not None and first <= template.end
         for low in range(max(template.start, first - 1), template.end, max_range)
     ]
+
+
+def spread(ranges: Sequence[SeqRange], min_partitions: int | None) -> list[SeqRange]:
+    """Option ``minPartitions`` (Kafka's): when there are fewer ranges than ``min_partitions``, cut the widest into
+    contiguous slices of about equal seq width until there are that many (a range of width w gives at most w
+    slices). Extra slices go one at a time to the range whose slices are widest (the earlier one on a tie), so
+    the result depends only on the ranges and the option: a replayed batch is cut the same way."""
+    if not min_partitions or len(ranges) >= min_partitions:
+        return list(ranges)
+    widths = [r.end - r.start for r in ranges]
+    parts = [1] * len(ranges)
+    widest = [(-width, index) for index, width in enumerate(widths)]  # slice width (negated) of each range, then order
+    heapq.heapify(widest)
+    for _ in range(min_partitions - len(ranges)):
+        while widest and parts[widest[0][1]] >= widths[widest[0][1]]:
+            heapq.heappop(widest)  # slices of one seq cannot be cut further
+        if not widest:
+            break
+        index = heapq.heappop(widest)[1]
+        parts[index] += 1
+        heapq.heappush(widest, (-widths[index] / parts[index], index))
+    return [piece for seq_range, count in zip(ranges, parts, strict=True) for piece in _slices(seq_range, count)]
+
+
+def _slices(seq_range: SeqRange, count: int) -> list[SeqRange]:
+    """``seq_range`` cut into ``count`` contiguous pieces whose widths differ by at most one seq."""
+    pieces, low = [], seq_range.start
+    for index in range(count):
+        high = low + (seq_range.end - low) // (count - index)
+        pieces.append(replace(seq_range, start=low, end=high))
+        low = high
+    return pieces
 
 
 def read_range(conn: Connection, seq_range: SeqRange) -> Iterator[pa.RecordBatch]:

@@ -18,10 +18,11 @@ log = logging.getLogger(__name__)
 
 
 def seq_at(api: JetStreamApi, stream: str, when: datetime, last_seq: int) -> int:
-    """The seq of the first message stored at or after ``when`` (``last_seq + 1`` if none)."""
+    """The seq of the first message stored at or after ``when`` (``last_seq + 1`` if none), asked of the stream
+    leader: every read mode answers a timestamp alike, with or without Direct Get."""
     stamp = when.astimezone(UTC).isoformat().replace("+00:00", "Z")
-    found = api.direct_get(stream, {"start_time": stamp})
-    return found.seq if found else last_seq + 1
+    found = api.next_seq(stream, {"start_time": stamp, "next_by_subj": ">"})
+    return found if found is not None else last_seq + 1
 
 
 async def member_infos_async(api: JetStreamApi, layout: GroupLayout) -> dict[str, dict[str, Any] | None]:

@@ -55,6 +55,8 @@ class SourceConfig:
     ack_policy: str = default_of("ackPolicy")
     direct_batch: int = default_of("directGetBatch")
     direct_max_bytes: int = default_of("directGetMaxBytes")
+    read_mode: str = default_of("readMode")
+    min_partitions: int | None = None
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> SourceConfig:

@@ -2,7 +2,7 @@
 
 One ``Coordinator`` lives in the long-lived driver-side Python process of a query run. It plans
 (limits -> the batch's end; partitions with data -> input partitions read with Direct Get, or
-members with data -> pinned pulls on a stream without Direct Get) and hands every ack to
+members -> pinned pulls, as ``readMode`` chose when the run started) and hands every ack to
 ``MemberConsumers.acknowledge``, the one place ack floors move: between batches each member's ack
 floor equals the last offset in Spark's commit log. Ownership of the group is ``ownership.GroupClaim``.
 """
@@ -17,10 +17,11 @@ from typing import Any
 
 from spark_jetstream.client.connection import Connection, connect
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.errors import GroupConfigError
+from spark_jetstream.errors import GroupConfigError, OptionError
 from spark_jetstream.groups.layout import GroupLayout
 from spark_jetstream.groups.resolve import find_group_async, layout_of, resolve_layout
-from spark_jetstream.read.direct import SeqRange, first_seqs, split
+from spark_jetstream.read.direct import SeqRange, first_seqs, split, spread
+from spark_jetstream.read.mode import DIRECT, PULL, choose_read_mode
 from spark_jetstream.read.start import check_data_loss, start_after
 from spark_jetstream.stream.config import SourceConfig
 from spark_jetstream.stream.faults import fault_point
@@ -79,10 +80,13 @@ class Coordinator:
         if self.stream == self.source_stream:  # the info just read (an elastic group reads its work stream)
             self._take_state(source_info)
         check_ack_policy(config.ack_policy, self.state().retention, layout)
+        what = f"query on group {config.group!r}"
+        self.direct = choose_read_mode(self.api, self.stream, self._stream_config, config.read_mode, what) == DIRECT
         if self.direct:
             self.pins = PinKeeper(self.members)  # nothing of the query pulls: it keeps the pins itself
         else:
-            self._warn_without_direct_get()
+            self._refuse_min_partitions()
+            self._warn_crowded_members()
         # Claimed last, once nothing above can refuse the query: a refused query holds nothing.
         self._claim = GroupClaim(self.conn, self.source_stream, config.group, self.owner)
         self._claim.claim()
@@ -245,7 +249,8 @@ class Coordinator:
                 record_batch_size=self.config.pull.record_batch_size,
                 record_batch_bytes=self.config.pull.record_batch_bytes,
             )
-            return split(template, first_seqs(self.conn, self.stream, filters, start.seq), filters, end.seq - start.seq)
+            firsts = first_seqs(self.conn, self.stream, filters, start.seq)
+            return spread(split(template, firsts, filters, end.seq - start.seq), self.config.min_partitions)
         return [
             MemberRange(
                 stream=self.stream,
@@ -258,7 +263,18 @@ class Coordinator:
             for member in layout.member_names
         ]
 
-    def _warn_without_direct_get(self) -> None:
+    def _refuse_min_partitions(self) -> None:
+        """A member consumer is read by one task at a time (its pin fences the others): a pulled batch cannot be cut."""
+        if self.config.min_partitions is None:
+            return
+        why = "readMode=pull" if self.config.read_mode == PULL else "Direct Get is off or denied to the NATS user"
+        raise OptionError(
+            f"minPartitions cannot apply to this query: {why}, so each member consumer of group "
+            f"{self.config.group!r} is one Spark partition, read by one task at a time. Remove minPartitions, or "
+            f"read with Direct Get (readMode=auto or direct; `nats stream edit {self.stream} --allow-direct`)."
+        )
+
+    def _warn_crowded_members(self) -> None:
         """Pulling from a member consumer with several filter subjects is ~6x slower than from one
         (measured on nats-server 2.15.1): say so once per query, with the fix."""
         layout = self.layout
@@ -267,21 +283,15 @@ class Coordinator:
         if crowded:
             member, count = crowded[0]
             log.warning(
-                "Stream %r does not allow Direct Get, so group %r is read by pulling from its member consumers, and "
-                "member %r (%d partitions%s) reads several times slower than a member with one partition. Enable "
-                "Direct Get (`nats stream edit %s --allow-direct`): the query then reads every partition in parallel.",
-                self.stream,
+                "Group %r is read by pulling from its member consumers, and member %r (%d partitions%s) reads several "
+                "times slower than a member with one partition. Direct Get (readMode=auto or direct, on a stream with "
+                "`allow_direct`: `nats stream edit %s --allow-direct`) reads every partition in parallel.",
                 layout.group,
                 member,
                 count,
                 f", and {len(crowded) - 1} more members alike" if len(crowded) > 1 else "",
                 self.stream,
             )
-
-    @property
-    def direct(self) -> bool:
-        """Whether batches are read with Direct Get (the read stream allows it) rather than pulled."""
-        return bool(self._stream_config.get("allow_direct"))
 
     def commit(self, end: Watermark) -> None:
         """Spark committed the batch ending at ``end``: the ack on commit."""

@@ -1,10 +1,11 @@
 """The pinned pull reader: read one member consumer's messages in ``(start, end]``.
 
-Protocol (DESIGN section 4): UNPIN the consumer so this attempt takes the pin (an older attempt
-still pulling gets 423 and stops), RESET it to ``start + 1`` (drops whatever an earlier attempt
-left pending), then pull with JSON requests carrying the priority group and, once known, the
-pin id. Until the pin id is known exactly one request is outstanding; after that several are
-pipelined. Nothing is ever acked here: the ack floor moves only when Spark commits (with
+Protocol (DESIGN section 4.2): UNPIN the consumer so this attempt takes the pin (an older attempt
+still pulling gets 423 and stops), or, in a task's first attempt, take over the pin the query's last
+reader of the member left; RESET it to ``start + 1`` (drops whatever an earlier attempt left
+pending), then pull with JSON requests carrying the priority group and, once known, the pin id.
+Until the pin id is known exactly one request is outstanding; after that several are pipelined.
+Nothing is ever acked here: the ack floor moves only when Spark commits (with
 ``ackPolicy=none`` the server itself counts delivery as the ack until the commit resets the floor).
 
 Messages arrive on the connection's loop thread, where a bulk handler parses runs of deliveries
@@ -53,15 +54,18 @@ class MemberRange:
     priority_group: str = PRIORITY_GROUP
 
 
-def read_member(conn: Connection, member: MemberRange, settings: PullSettings) -> Iterator[pa.RecordBatch]:
+def read_member(
+    conn: Connection, member: MemberRange, settings: PullSettings, first_attempt: bool = False
+) -> Iterator[pa.RecordBatch]:
     """Yield the member's messages with ``start < seq <= end`` in seq order, as record batches.
 
     Raises ``FencedError`` when a newer reader takes the pin, ``ReaderError`` when the read
-    cannot make progress. Closing the generator early releases the subscription.
+    cannot make progress. Closing the generator early releases the subscription. A task's
+    ``first_attempt`` may take over the pin of the query's last reader instead of releasing it.
     """
     if member.end <= member.start:
         return
-    pull = _PinnedPull(conn, member, settings)
+    pull = _PinnedPull(conn, member, settings, first_attempt)
     try:
         conn.run(pull.open())
         while (rows := conn.run(pull.next_rows())) is not None:
@@ -77,8 +81,11 @@ class _PinnedPull:
     and pulls paced by ``pull_window.PullWindow``.
     """
 
-    def __init__(self, conn: Connection, member: MemberRange, settings: PullSettings) -> None:
+    def __init__(
+        self, conn: Connection, member: MemberRange, settings: PullSettings, first_attempt: bool = False
+    ) -> None:
         self.conn = conn
+        self.first_attempt = first_attempt
         self.api = JetStreamApi(conn)
         self.member = member
         self.settings = settings
@@ -103,19 +110,41 @@ class _PinnedPull:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def open(self) -> None:
-        try:
-            await self.api.unpin(self.member.stream, self.member.consumer, self.member.priority_group)
-        except ApiError as exc:
-            if exc.err_code != PRIORITY_GROUP_UNKNOWN:
+        if not await self._take_over_pin():
+            try:
+                await self.api.unpin(self.member.stream, self.member.consumer, self.member.priority_group)
+            except ApiError as exc:
+                if exc.err_code != PRIORITY_GROUP_UNKNOWN:
+                    raise
+                config = (await self.api.consumer_info_async(self.member.stream, self.member.consumer))["config"]
+                self._check_config(config)
                 raise
-            config = (await self.api.consumer_info_async(self.member.stream, self.member.consumer))["config"]
-            self._check_config(config)
-            raise
         await self._reset(self.member.start + 1)
         if self.deliveries.done:
             return
         await self._new_inbox()
         self._pull()
+
+    async def _take_over_pin(self) -> bool:
+        """In a task's first attempt, pull with the pin the query's last reader of this member left rather than
+        release it: a released pin goes to whichever id-less pull waits first, a standby's as well as ours. The pin
+        is that reader's when nothing was delivered since the commit's RESET (a pin is only ever given with a
+        delivery). A retry or speculative copy, or any doubt, UNPINs: the older attempt gets 423."""
+        if not self.first_attempt:
+            return False
+        info = await self.api.consumer_info_async(self.member.stream, self.member.consumer)
+        pinned = next(
+            (
+                g.get("pinned_client_id")
+                for g in info.get("priority_groups", [])
+                if g.get("group") == self.member.priority_group
+            ),
+            None,
+        )
+        if not pinned or info["delivered"]["consumer_seq"] != 0:
+            return False
+        self.deliveries.pin_id = pinned
+        return True
 
     async def _new_inbox(self) -> None:
         """Receive on a fresh inbox: late replies to pulls sent before are ignored from now on."""

@@ -22,6 +22,7 @@ def main() -> None:
     parser.add_argument("--slow-ms", type=float, default=0.0, help="sleep per row, to make batches slow")
     parser.add_argument("--ack-policy", default="explicit", help="the source's ackPolicy option")
     parser.add_argument("--members", help="the source's members option (a group derived from the partitions)")
+    parser.add_argument("--read-mode", default="auto", help="the source's readMode option")
     args = parser.parse_args()
 
     spark = local_session()
@@ -39,6 +40,7 @@ def main() -> None:
         .option("group", args.group)
         .option("maxMessagesPerTrigger", args.max_per_trigger)
         .option("ackPolicy", args.ack_policy)
+        .option("readMode", args.read_mode)
         .options(**({"members": args.members} if args.members else {}))
         .load()
         .withColumn("seq", slowly("seq"))

@@ -1,0 +1,66 @@
+"""A streaming job that records how each micro-batch was split into Spark partitions, run as its own process so a
+test can SIGKILL it inside a batch and check that the replay is split alike.
+
+python tests/jobs/record_splits.py --servers URL --stream S --group G --out DIR --checkpoint DIR --splits DIR
+    [--min-partitions N] [--max-per-trigger N] [--hang-on-batch ID] [--available-now]
+
+Each batch writes ``<splits>/<batch id>-<random>.json`` ({task: [first seq, last seq, rows]}) and its rows to
+``<out>/batch=<batch id>`` (overwritten by a replay: an idempotent sink keyed by batch id). With
+``--hang-on-batch`` the job creates ``<splits>/hanging`` after that batch's output and then waits to be killed,
+before Spark commits the batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import uuid
+from pathlib import Path
+
+from local_spark import local_session
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for name in ("servers", "stream", "group", "out", "checkpoint", "splits"):
+        parser.add_argument(f"--{name}", required=True)
+    parser.add_argument("--min-partitions", type=int)
+    parser.add_argument("--max-per-trigger", type=int, default=4000)
+    parser.add_argument("--hang-on-batch", type=int)
+    parser.add_argument("--available-now", action="store_true")
+    args = parser.parse_args()
+    splits = Path(args.splits)
+    splits.mkdir(parents=True, exist_ok=True)
+
+    spark = local_session()
+    rows = (
+        spark.readStream.format("jetstream")
+        .option("servers", args.servers)
+        .option("stream", args.stream)
+        .option("group", args.group)
+        .option("maxMessagesPerTrigger", args.max_per_trigger)
+        .options(**({"minPartitions": str(args.min_partitions)} if args.min_partitions else {}))
+        .load()
+    )
+
+    def record(batch: DataFrame, batch_id: int) -> None:
+        tasks = batch.select(F.spark_partition_id().alias("task"), "seq").groupBy("task")
+        found = tasks.agg(F.min("seq"), F.max("seq"), F.count("seq")).collect()
+        split = {str(task): [low, high, count] for task, low, high, count in found}
+        (splits / f"{batch_id}-{uuid.uuid4().hex}.json").write_text(json.dumps(split, sort_keys=True))
+        batch.select("subject", "data", "seq").write.mode("overwrite").parquet(f"{args.out}/batch={batch_id}")
+        if batch_id == args.hang_on_batch:
+            (splits / "hanging").touch()
+            time.sleep(3600)
+
+    writer = rows.writeStream.foreachBatch(record).option("checkpointLocation", args.checkpoint)
+    writer = writer.trigger(availableNow=True) if args.available_now else writer.trigger(processingTime="0 seconds")
+    writer.start().awaitTermination()
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

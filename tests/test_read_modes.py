@@ -1,0 +1,187 @@
+"""Which path reads (option ``readMode``) and how a batch is cut (``minPartitions``), against real servers: a user
+whom the server denies Direct Get reads through consumers, an explicit ``direct`` that cannot work is refused with
+the fix, and a stream without a partition transform is read by as many tasks as asked, cut alike on a replay."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+from test_source import _start_and_expect, checkpoint_log, error_text, reader, run_then_kill
+
+from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.client.publish import publish_all
+from spark_jetstream.groups.layout import partitioned_stream_config
+from spark_jetstream.tools.embedded import EmbeddedServer
+
+pytestmark = pytest.mark.slow
+
+SPLITS_JOB = Path(__file__).parent / "jobs" / "record_splits.py"
+
+BATCH_PULL_PERMISSIONS = {
+    # The README's recipe (Security) for a user who reads stream ORDERS with batch reads through consumers:
+    # no Direct Get, nothing but the read's own consumers.
+    "publish": {
+        "allow": [
+            "$JS.API.INFO",
+            "$JS.API.STREAM.INFO.ORDERS",
+            "$JS.API.STREAM.MSG.GET.ORDERS",
+            "$JS.API.CONSUMER.CREATE.ORDERS.*",
+            "$JS.API.CONSUMER.MSG.NEXT.ORDERS.*",
+            "$JS.API.CONSUMER.DELETE.ORDERS.*",
+        ]
+    },
+    "subscribe": {"allow": ["_INBOX.>"]},
+}
+
+
+@pytest.fixture(scope="module")
+def permissions_server() -> Iterator[EmbeddedServer]:
+    """A server with an admin, a user who may do anything but Direct Get, and a user with the batch-pull recipe."""
+    users = {
+        "users": [
+            {"user": "admin", "password": "admin-pw"},
+            {
+                "user": "nodirect",
+                "password": "nodirect-pw",
+                "permissions": {"publish": {"allow": [">"], "deny": ["$JS.API.DIRECT.GET.>"]}, "subscribe": ">"},
+            },
+            {"user": "reader", "password": "reader-pw", "permissions": BATCH_PULL_PERMISSIONS},
+        ]
+    }
+    with EmbeddedServer({"authorization": users}, name="readmodes") as server:
+        admin = ConnectionOptions(servers=(server.url,), user="admin", password="admin-pw")
+        api = JetStreamApi(connect(admin))
+        api.create_stream(partitioned_stream_config("ORDERS", "orders.*", 2))  # with allow_direct
+        assert api.stream_info("ORDERS")["config"]["allow_direct"]
+        publish_all(api.conn, ((f"orders.k{i % 50}", f"order-{i}".encode(), None) for i in range(3000)))
+        yield server
+        for user in ("admin", "nodirect", "reader"):
+            disconnect(ConnectionOptions(servers=(server.url,), user=user, password=f"{user}-pw"))
+
+
+def _admin(server: EmbeddedServer) -> JetStreamApi:
+    return JetStreamApi(connect(ConnectionOptions(servers=(server.url,), user="admin", password="admin-pw")))
+
+
+def _left_behind(server: EmbeddedServer) -> list[str]:
+    """Consumers on ORDERS that are no streaming query's member consumers: what batch reads left."""
+    return [name for name in _admin(server).consumer_names("ORDERS") if not name.startswith("denied-")]
+
+
+def _batch(spark, server: EmbeddedServer, user: str, **options: str):
+    reader_ = spark.read.format("jetstream").options(servers=server.url, user=user, password=f"{user}-pw")
+    return reader_.options(stream="ORDERS", **options).load()
+
+
+def _published() -> list[tuple[int, str, bytes]]:
+    return [(i + 1, f"orders.k{i % 50}", f"order-{i}".encode()) for i in range(3000)]
+
+
+def test_a_user_denied_direct_get_reads_through_consumers(spark, permissions_server, tmp_path):
+    df = _batch(spark, permissions_server, "nodirect")
+    assert sorted((r.seq, r.subject, bytes(r.data)) for r in df.collect()) == _published()
+    assert _left_behind(permissions_server) == []
+
+    with pytest.raises(Exception) as caught:
+        _batch(spark, permissions_server, "nodirect", readMode="direct").count()
+    assert (
+        "readMode=direct, but the NATS user may not use Direct Get on stream 'ORDERS' (the server refused a publish "
+        "to $JS.API.DIRECT.GET.ORDERS: a permissions violation): allow the user to publish to "
+        "$JS.API.DIRECT.GET.ORDERS, or set readMode to auto or pull"
+    ) in error_text(caught.value)
+
+    # A streaming query of the same user pulls from its member consumers.
+    query = (
+        spark.readStream.format("jetstream")
+        .options(servers=permissions_server.url, user="nodirect", password="nodirect-pw")
+        .options(stream="ORDERS", group="denied", maxMessagesPerTrigger="1000")
+        .load()
+        .writeStream.format("parquet")
+        .option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(180)
+    assert query.exception() is None
+    out = spark.read.parquet(str(tmp_path / "out"))
+    assert sorted((r.seq, r.subject, bytes(r.data)) for r in out.collect()) == _published()
+    admin = _admin(permissions_server)
+    assert {admin.consumer_info("ORDERS", f"denied-{p}")["ack_floor"]["stream_seq"] for p in range(2)} == {3000}
+
+
+def test_the_readmes_batch_pull_permissions_are_enough(spark, permissions_server):
+    df = _batch(spark, permissions_server, "reader", startingPosition="1001", minPartitions="4")
+    assert df.rdd.getNumPartitions() == 4
+    assert sorted((r.seq, r.subject, bytes(r.data)) for r in df.collect()) == _published()[1000:]
+    assert _left_behind(permissions_server) == []
+
+
+def test_streaming_read_mode_direct_without_direct_get_is_refused_at_start(spark, nats_server, make_stream, tmp_path):
+    stream = make_stream(100, partitions=2, direct=False)
+    _start_and_expect(
+        reader(spark, nats_server.url, stream, readMode="direct"),
+        tmp_path,
+        f"readMode=direct, but stream {stream.name!r} does not allow Direct Get: enable it with `nats stream edit "
+        f"{stream.name} --allow-direct`, or set readMode to auto or pull",
+    )
+
+
+def test_min_partitions_with_pulls_is_refused_at_start(spark, nats_server, make_stream, tmp_path):
+    stream = make_stream(100, partitions=2)
+    _start_and_expect(
+        reader(spark, nats_server.url, stream, readMode="pull", minPartitions=8),
+        tmp_path,
+        f"minPartitions cannot apply to this query: readMode=pull, so each member consumer of group {stream.group!r} "
+        "is one Spark partition, read by one task at a time.",
+    )
+
+
+def _splits(folder: Path) -> dict[int, list[dict[str, list[int]]]]:
+    """Batch id -> each recorded split of it ({task: [first seq, last seq, rows]}), in the order they were written."""
+    found: dict[int, list[tuple[float, dict[str, list[int]]]]] = {}
+    for path in folder.glob("*-*.json"):
+        found.setdefault(int(path.name.split("-")[0]), []).append((path.stat().st_mtime, json.loads(path.read_text())))
+    return {batch: [split for _, split in sorted(records)] for batch, records in found.items()}
+
+
+def test_min_partitions_cuts_every_micro_batch_and_a_replay_after_a_crash_alike(
+    spark, nats_server, conn, api, tmp_path
+):
+    """A stream without a partition transform (one member) read with ``minPartitions=8``: every batch of 4,000
+    seqs is read by 8 tasks of contiguous slices, the output is exact, and the batch whose driver was SIGKILLed
+    before its commit is cut exactly as before when the restarted query replays it."""
+    api.create_stream({"name": "SplitReplay", "subjects": ["split.>"], "allow_direct": True})
+    try:
+        publish_all(conn, ((f"split.{i % 9}", f"m{i}".encode(), None) for i in range(12_000)))
+        splits, checkpoint = tmp_path / "splits", tmp_path / "cp"
+        args = [sys.executable, str(SPLITS_JOB), "--servers", nats_server.url, "--stream", "SplitReplay",
+                "--group", "split", "--out", str(tmp_path / "out"), "--checkpoint", str(checkpoint),
+                "--splits", str(splits), "--min-partitions", "8", "--max-per-trigger", "4000"]  # fmt: skip
+        run_then_kill([*args, "--hang-on-batch", "1"], lambda: (splits / "hanging").exists(), 240)
+        assert 1 in checkpoint_log(checkpoint, "offsets") and 1 not in checkpoint_log(checkpoint, "commits")
+
+        finish = subprocess.run([*args, "--available-now"], capture_output=True, text=True, timeout=300)
+        assert finish.returncode == 0, finish.stderr[-3000:]
+        recorded = _splits(splits)
+        assert sorted(recorded) == [0, 1, 2] and len(recorded[1]) == 2
+        assert recorded[1][0] == recorded[1][1]  # the replay was cut exactly as the batch the crash interrupted
+        for batch, (split, *_) in recorded.items():
+            assert len(split) == 8, (batch, split)
+            slices = sorted(split.values())
+            assert slices[0][0] == 4000 * batch + 1 and slices[-1][1] == 4000 * (batch + 1)
+            assert all(low == previous[1] + 1 for previous, (low, *_) in pairwise(slices))
+            assert all(count == high - low + 1 == 500 for low, high, count in slices)
+        out = spark.read.parquet(str(tmp_path / "out"))
+        rows = sorted((r.seq, r.subject, bytes(r.data)) for r in out.collect())
+        assert rows == [(i + 1, f"split.{i % 9}", f"m{i}".encode()) for i in range(12_000)]
+        assert api.consumer_info("SplitReplay", "split-0")["ack_floor"]["stream_seq"] == 12_000
+    finally:
+        api.delete_stream("SplitReplay")
