@@ -148,7 +148,7 @@ def plan(conn: Connection, config: BatchConfig) -> list[SeqRange]:
         pull_batch=config.batch,
         pull_max_bytes=config.max_bytes,
     )
-    firsts = first_seqs(conn, stream, filters, start, leader=read_mode != DIRECT)
+    firsts = first_seqs(conn, stream, filters, start, end, leader=read_mode != DIRECT)
     ranges = spread(split(template, firsts, filters, config.max_range), config.min_partitions)
     log.info("Batch read of %s seqs (%d, %d] (%s): %d partitions", stream, start, end, read_mode, len(ranges))
     return ranges

@@ -68,18 +68,23 @@ class SeqRange:
 
 
 def first_seqs(
-    conn: Connection, stream: str, filters: Sequence[str], after: int, leader: bool = False
+    conn: Connection, stream: str, filters: Sequence[str], after: int, end: int, leader: bool = False
 ) -> list[int | None]:
     """The first seq after ``after`` of each filter subject (None: none yet), one Direct Get each, or with ``leader``
-    one ``STREAM.MSG.GET`` each on the stream leader (a stream without Direct Get, or a user who may not use it)."""
+    one ``STREAM.MSG.GET`` each on the stream leader (a stream without Direct Get, or a user who may not use it).
+
+    A replica that answers Direct Get may lag the leader: when it has no message up to ``end`` for a filter, the
+    leader is asked too, or the partition's messages in the range would be left out of the batch for good. An
+    answer up to ``end`` needs no check: a replica holds a prefix of the stream."""
     api = JetStreamApi(conn)
 
     async def first(subject: str) -> int | None:
         request = {"seq": after + 1, "next_by_subj": subject}
-        if leader:
-            return await api.next_seq_async(stream, request)
-        found = await api.direct_get_async(stream, request)
-        return found.seq if found else None
+        if not leader:
+            found = await api.direct_get_async(stream, request)
+            if found is not None and found.seq <= end:
+                return found.seq
+        return await api.next_seq_async(stream, request)
 
     async def gather() -> list[int | None]:
         return list(await asyncio.gather(*(first(subject) for subject in filters)))

@@ -249,7 +249,7 @@ class Coordinator:
                 record_batch_size=self.config.pull.record_batch_size,
                 record_batch_bytes=self.config.pull.record_batch_bytes,
             )
-            firsts = first_seqs(self.conn, self.stream, filters, start.seq)
+            firsts = first_seqs(self.conn, self.stream, filters, start.seq, end.seq)
             return spread(split(template, firsts, filters, end.seq - start.seq), self.config.min_partitions)
         return [
             MemberRange(
