@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_jetstream.client.connection import Connection, ConnectionOptions, connect
+from spark_jetstream.client.connection import Connection, ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import ConnectError, ServerTooOldError
 from spark_jetstream.tools.embedded import EmbeddedServer, free_port
@@ -117,10 +117,13 @@ def test_no_credentials_for_a_server_that_needs_them(secured_server):
 @pytest.mark.slow
 def test_token_auth():
     with EmbeddedServer({"authorization": {"token": "tok-R1ght-9"}}, name="token") as server:
-        conn = connect(ConnectionOptions(servers=(server.url,), token="tok-R1ght-9"))
-        assert JetStreamApi(conn).account_info()["type"].endswith("account_info_response")
-        with pytest.raises(ConnectError, match="refused the credentials"):
-            connect(ConnectionOptions(servers=(server.url,), token="tok-Wr0ng-9", connect_timeout=2))
+        options = ConnectionOptions(servers=(server.url,), token="tok-R1ght-9")
+        try:
+            assert JetStreamApi(connect(options)).account_info()["type"].endswith("account_info_response")
+            with pytest.raises(ConnectError, match="refused the credentials"):
+                connect(ConnectionOptions(servers=(server.url,), token="tok-Wr0ng-9", connect_timeout=2))
+        finally:
+            disconnect(options)  # a cached client would reconnect to a later server given the same port
 
 
 @pytest.mark.parametrize(
