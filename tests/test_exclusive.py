@@ -20,9 +20,9 @@ pytestmark = pytest.mark.slow
 FOREIGN = Path(__file__).parent / "jobs" / "foreign_client.py"
 
 
-def start_query(spark, url: str, stream, tmp_path: Path, read_mode: str = "auto") -> StreamingQuery:
+def start_query(spark, url: str, stream, tmp_path: Path, read_mode: str = "auto", **options: object) -> StreamingQuery:
     return (
-        reader(spark, url, stream, maxMessagesPerTrigger=500, readMode=read_mode)
+        reader(spark, url, stream, maxMessagesPerTrigger=500, readMode=read_mode, **options)
         .writeStream.format("parquet")
         .option("path", str(tmp_path / "out"))
         .option("checkpointLocation", str(tmp_path / "cp"))
@@ -110,12 +110,13 @@ def test_the_pin_outlives_an_idle_stretch_longer_than_the_priority_timeout(
     unkept pin would have lapsed) still gets nothing from the new data."""
     stream = make_stream(1000, partitions=1)
     consumer = stream.consumer(0)
-    query = start_query(spark, nats_server.url, stream, tmp_path)
+    query = start_query(spark, nats_server.url, stream, tmp_path, priorityTimeout="8s")  # not the 2 min default
     try:
         wait_for(lambda: committed_seq(tmp_path / "cp") == stream.last_seq, 120, "the query to read everything")
         wait_for(lambda: pinned_id(api, stream, consumer) is not None, 10, "the query to hold the pin")
         pin = pinned_id(api, stream, consumer)
         timeout = api.consumer_info(stream.name, consumer)["config"]["priority_timeout"] / 1e9
+        assert timeout == 8  # the option reached the member consumer
         time.sleep(timeout + 3)  # idle: nothing new to read
         standby = foreign_client(nats_server.url, stream, consumer, 12)
         time.sleep(2)  # the standby is waiting when the new data comes

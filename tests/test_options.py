@@ -96,6 +96,11 @@ def test_pull_settings_keep_heartbeat_under_half_the_expiry():
         OptionError, match=r"'pullIdleHeartbeat' has an invalid value: 5s is more than half of pullExpires \(2s\)"
     ):
         parse_options({"pullExpires": "2s", "pullIdleHeartbeat": "5s"}, PULL_OPTIONS)
+    # Under a short priorityTimeout the default expiry drops to a quarter of it, an explicit one is refused.
+    short_pin = PullSettings.from_options(parse_options({"priorityTimeout": "8s"}, PULL_OPTIONS))
+    assert (short_pin.expires, short_pin.idle_heartbeat) == (2.0, 1.0)
+    with pytest.raises(OptionError, match=r"'pullExpires' has an invalid value: 5s is not under half of priority"):
+        parse_options({"priorityTimeout": "8s", "pullExpires": "5s"}, PULL_OPTIONS)
     with pytest.raises(OptionError, match="'pullsInFlight' has an invalid value '0': it must be at least 1"):
         parse_options({"pullsInFlight": "0"}, PULL_OPTIONS)
 
@@ -182,8 +187,9 @@ def test_starting_at_the_group_needs_a_group(mode):
         (
             True,
             {"pullExpires": "60s"},
-            "Option 'pullExpires' has an invalid value '60s': it must stay under half the member consumers' "
-            "priority_timeout (120s), or the pin lapses between pulls: use at most 59s.",
+            "Option 'pullExpires' has an invalid value: 60s is not under half of priorityTimeout (120s), the member "
+            "consumers' priority_timeout, so the pin would lapse between pulls: use at most 59s, or raise "
+            "priorityTimeout.",
         ),
     ],
     ids=["seq-range", "time-range", "url-syntax", "pull-expires"],

@@ -330,10 +330,20 @@ class GroupLayout:
         return [f for member in self.members for f in member.filter_subjects] or [">"]
 
     def consumer_config(
-        self, member: str, ack_wait: float, metadata: dict[str, str], ack_policy: str
+        self,
+        member: str,
+        ack_wait: float,
+        metadata: dict[str, str],
+        ack_policy: str,
+        priority_timeout: float = DEFAULT_PRIORITY_TIMEOUT,
     ) -> dict[str, Any]:
         config = member_consumer_config(
-            self.group, member, self.filter_subjects(member), ack_wait=ack_wait, ack_policy=ack_policy
+            self.group,
+            member,
+            self.filter_subjects(member),
+            ack_wait=ack_wait,
+            ack_policy=ack_policy,
+            priority_timeout=priority_timeout,
         )
         config["name"] = config["durable_name"] = self.consumer(member)
         config["metadata"] = metadata

@@ -71,8 +71,9 @@ _EXCLUSIVE = (("startingPosition", "startingTimestamp"), ("endingPosition", "end
 
 
 def _check_combinations(values: dict[str, Any], given: set[str]) -> None:
-    """The rules between options. A pull heartbeat must fit twice into the pull's expiry (the server
-    refuses it otherwise): an explicit one that does not is refused, the default drops to half."""
+    """The rules between options. A pull's expiry must stay under half the pin's timeout (or the pin lapses between
+    pulls), and its heartbeat must fit twice into it (the server refuses it otherwise): an explicit value that does
+    not is refused, a default drops (to a quarter of ``priorityTimeout``, to half of ``pullExpires``)."""
     for first, second in _EXCLUSIVE:
         if first.lower() in given and second.lower() in given:
             raise OptionError(f"Set {first} or {second}, not both.")
@@ -90,7 +91,16 @@ def _check_combinations(values: dict[str, Any], given: set[str]) -> None:
             f"endingTimestamp ({end.isoformat()}) is not after startingTimestamp ({start.isoformat()}): a batch "
             "read covers the messages stored at or after startingTimestamp and before endingTimestamp."
         )
-    expires, heartbeat = values.get("pullExpires"), values.get("pullIdleHeartbeat")
+    expires, timeout = values.get("pullExpires"), values.get("priorityTimeout")
+    if expires is not None and timeout is not None and expires * 2 >= timeout and "pullexpires" not in given:
+        values["pullExpires"] = expires = timeout / 4  # the default, under a short priorityTimeout
+    elif expires is not None and timeout is not None and expires * 2 >= timeout:
+        raise OptionError(
+            f"Option 'pullExpires' has an invalid value: {expires:g}s is not under half of priorityTimeout "
+            f"({timeout:g}s), the member consumers' priority_timeout, so the pin would lapse between pulls: use at "
+            f"most {timeout / 2 - 1:g}s, or raise priorityTimeout."
+        )
+    heartbeat = values.get("pullIdleHeartbeat")
     if expires is not None and heartbeat is not None and heartbeat > expires / 2:
         if "pullidleheartbeat" in given:
             raise OptionError(

@@ -15,6 +15,7 @@ from typing import Any
 from spark_jetstream.client.connection_options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SERVERS
 from spark_jetstream.errors import OptionError
 from spark_jetstream.options.parsers import (
+    DEFAULT_PRIORITY_TIMEOUT,
     parse_ack_policy,
     parse_bool,
     parse_duration,
@@ -23,7 +24,6 @@ from spark_jetstream.options.parsers import (
     parse_name,
     parse_position,
     parse_positive_int,
-    parse_pull_expires,
     parse_read_mode,
     parse_servers,
     parse_size,
@@ -132,10 +132,10 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "pullExpires",
-        parse_pull_expires,
+        parse_duration,
         5.0,
-        "How long one pull request may wait at the server: under half the member consumers' `priority_timeout` "
-        "(2 min), so at most 59s.",
+        "How long one pull request may wait at the server: under half of `priorityTimeout` (the default drops to a "
+        "quarter of a `priorityTimeout` under 10s).",
         frozenset({STREAM}),
         "pull",
         attr="expires",
@@ -307,6 +307,17 @@ OPTIONS: tuple[Option, ...] = (
         frozenset({STREAM}),
         "read",
         minimum=1,
+    ),
+    Option(
+        "priorityTimeout",
+        parse_duration,
+        DEFAULT_PRIORITY_TIMEOUT,
+        "The member consumers' priority_timeout: how long a pin survives without a pull that carries its id. "
+        "The query renews its pins every second (Direct Get) or with every pull (`readMode=pull`, where an idle "
+        "query's pins lapse after it).",
+        frozenset({STREAM}),
+        "pull",
+        minimum=5,
     ),
     Option(
         "ackPolicy",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from spark_jetstream.options.definitions import BATCH, STREAM, WRITE, Option, options_for
-from spark_jetstream.options.parsers import parse_duration, parse_pull_expires, parse_size
+from spark_jetstream.options.parsers import parse_duration, parse_size
 
 
 def _default_text(option: Option, mode: str) -> str:
@@ -15,7 +15,7 @@ def _default_text(option: Option, mode: str) -> str:
         return "required" if mode in option.required else "-"
     if isinstance(default, tuple):
         return ",".join(default)
-    if option.parse in (parse_duration, parse_pull_expires):
+    if option.parse is parse_duration:
         return f"{default:g}s"
     if isinstance(default, bool):
         return str(default).lower()

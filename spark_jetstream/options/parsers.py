@@ -24,18 +24,7 @@ def parse_duration(text: str) -> float:
 
 DEFAULT_PRIORITY_TIMEOUT = 120.0
 """Seconds a pin survives without a pull that carries its id: the member consumers' ``priority_timeout``
-(the server's default)."""
-
-
-def parse_pull_expires(text: str) -> float:
-    """A duration well under half the member consumers' ``priority_timeout``, or the pin lapses between pulls."""
-    seconds = parse_duration(text)
-    if seconds * 2 >= DEFAULT_PRIORITY_TIMEOUT:
-        raise ValueError(
-            f"it must stay under half the member consumers' priority_timeout ({DEFAULT_PRIORITY_TIMEOUT:g}s), "
-            f"or the pin lapses between pulls: use at most {DEFAULT_PRIORITY_TIMEOUT / 2 - 1:g}s"
-        )
-    return seconds
+(option ``priorityTimeout``; the server's default)."""
 
 
 def parse_int(text: str) -> int:

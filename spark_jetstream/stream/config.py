@@ -53,6 +53,7 @@ class SourceConfig:
     include_headers: bool = default_of("includeHeaders")
     ack_wait: float = default_of("ackWait")
     ack_policy: str = default_of("ackPolicy")
+    priority_timeout: float = default_of("priorityTimeout")
     direct_batch: int = default_of("directGetBatch")
     direct_max_bytes: int = default_of("directGetMaxBytes")
     read_mode: str = default_of("readMode")

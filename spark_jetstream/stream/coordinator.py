@@ -76,7 +76,9 @@ class Coordinator:
         self.owner = describe_this_process()
         layout = self.resolve_layout()
         self.stream = layout.stream  # the work stream of an elastic group
-        self.members = MemberConsumers(self.api, layout, config.ack_wait, config.ack_policy, self.owner)
+        self.members = MemberConsumers(
+            self.api, layout, config.ack_wait, config.ack_policy, self.owner, config.priority_timeout
+        )
         if self.stream == self.source_stream:  # the info just read (an elastic group reads its work stream)
             self._take_state(source_info)
         check_ack_policy(config.ack_policy, self.state().retention, layout)

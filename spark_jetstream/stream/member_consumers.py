@@ -25,7 +25,7 @@ from spark_jetstream.errors import (
     OptionError,
 )
 from spark_jetstream.groups.layout import GroupLayout
-from spark_jetstream.options import ACK_POLICIES
+from spark_jetstream.options import ACK_POLICIES, DEFAULT_PRIORITY_TIMEOUT
 from spark_jetstream.read.start import member_infos
 from spark_jetstream.stream.faults import fault_point
 
@@ -53,12 +53,21 @@ def check_ack_policy(ack_policy: str, retention: str, layout: GroupLayout) -> No
 class MemberConsumers:
     """The member consumers of one group on the stream its members read (``layout.stream``)."""
 
-    def __init__(self, api: JetStreamApi, layout: GroupLayout, ack_wait: float, ack_policy: str, owner: str) -> None:
+    def __init__(
+        self,
+        api: JetStreamApi,
+        layout: GroupLayout,
+        ack_wait: float,
+        ack_policy: str,
+        owner: str,
+        priority_timeout: float = DEFAULT_PRIORITY_TIMEOUT,
+    ) -> None:
         self.api = api
         self.layout = layout
         self.ack_wait = ack_wait
         self.ack_policy = ack_policy
         self.owner = owner
+        self.priority_timeout = priority_timeout
         self.acked_through: int | None = None  # the committed watermark every floor is moved to
         self.moved: dict[str, int] = {}  # consumer -> the watermark its floor was last reset to
         # per consumer, held while its floor moves, so another RESET (a pin's taking) never lands in between
@@ -108,7 +117,8 @@ class MemberConsumers:
             for name in stale:
                 self._delete(name)
         configs = [
-            layout.consumer_config(member, self.ack_wait, metadata, self.ack_policy) for member in layout.member_names
+            layout.consumer_config(member, self.ack_wait, metadata, self.ack_policy, self.priority_timeout)
+            for member in layout.member_names
         ]
 
         async def create() -> list[Any]:
@@ -148,7 +158,10 @@ class MemberConsumers:
                     "this query reads it: stop that client, or give Spark a group of its own; restarting the query "
                     "makes the consumer again."
                 )
-            changes = _changes(self.layout.consumer_config(member, self.ack_wait, metadata, self.ack_policy), info)
+            wanted = self.layout.consumer_config(
+                member, self.ack_wait, metadata, self.ack_policy, self.priority_timeout
+            )
+            changes = _changes(wanted, info)
             if changes:
                 return GroupConfigError(
                     f"Member consumer {consumer!r} on stream {self.stream!r} was changed by another client while "
