@@ -42,7 +42,8 @@ from spark_jetstream.client.connection import Connection, ConnectionOptions, clo
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.groups.layout import member_consumer_config, partition_filters, partitioned_stream_config
-from spark_jetstream.stream.pull import MemberRange, PullSettings, read_member
+from spark_jetstream.read.ranges import MemberRange
+from spark_jetstream.stream.pull import PullSettings, read_member
 from spark_jetstream.tools.embedded import EmbeddedServer
 
 TARGET_RATIO = 0.7

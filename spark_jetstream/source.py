@@ -141,7 +141,8 @@ class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """A ``SeqRange`` is read with Direct Get, a ``MemberRange`` pulled from its member consumer."""
         from spark_jetstream.client.connection import connect
-        from spark_jetstream.read.direct import SeqRange, read_range
+        from spark_jetstream.read.direct import read_range
+        from spark_jetstream.read.ranges import SeqRange
 
         conn = connect(self.config.connection)
         if isinstance(partition.value, SeqRange):

@@ -1,4 +1,5 @@
-"""The code base stays ruff-clean (lint and format), and its layers import in one direction."""
+"""The code base stays ruff-clean (lint and format), its layers import in one direction, and no modules import
+each other in a cycle."""
 
 from __future__ import annotations
 
@@ -69,6 +70,29 @@ def test_layers_import_downward_only():
             if name.startswith("spark_jetstream.") and LAYERS.index(_layer(name)) > rank:
                 upward.add((module, name))
     assert not upward, f"imports of a later layer (importer, imported): {sorted(upward)}"
+
+
+def test_no_modules_import_each_other_in_a_cycle():
+    """Type-checking and lazy imports count too: a cycle means two modules are one concept split in two."""
+    modules = _modules()
+    graph = {module: {n for n in _imports(path) if n in modules and n != module} for module, path in modules.items()}
+    cycles, state, path = [], dict.fromkeys(graph, 0), []  # state: 0 unseen, 1 on the path, 2 done
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for imported in sorted(graph[module]):
+            if state[imported] == 1:
+                cycles.append(" -> ".join([*path[path.index(imported) :], imported]))
+            elif state[imported] == 0:
+                visit(imported)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(graph):
+        if state[module] == 0:
+            visit(module)
+    assert not cycles, f"import cycles: {cycles}"
 
 
 def test_the_lower_layers_never_import_spark():

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from spark_jetstream.read.consumer import read_by_consumer
-from spark_jetstream.read.direct import SeqRange
 from spark_jetstream.read.mode import PULL
+from spark_jetstream.read.ranges import SeqRange
 
 pytestmark = pytest.mark.slow
 

@@ -15,6 +15,8 @@ from conftest import add_messages
 from pyspark.sql.streaming import StreamingQuery
 from test_source import ack_floors, assert_output_exact, checkpoint_log, reader, run_available_now
 
+from spark_jetstream.client.jsapi import pin_holder
+
 pytestmark = pytest.mark.slow
 
 FOREIGN = Path(__file__).parent / "jobs" / "foreign_client.py"
@@ -99,8 +101,7 @@ def test_a_client_pulling_with_the_querys_pin_id_is_detected_and_named(
 
 
 def pinned_id(api, stream, consumer: str) -> str | None:
-    groups = api.consumer_info(stream.name, consumer).get("priority_groups") or []
-    return next((g.get("pinned_client_id") for g in groups), None)
+    return pin_holder(api.consumer_info(stream.name, consumer))
 
 
 def test_the_pin_outlives_an_idle_stretch_longer_than_the_priority_timeout(

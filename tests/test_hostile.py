@@ -13,8 +13,9 @@ from spark_jetstream.client.connection import ConnectionOptions, connect, discon
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.groups.layout import member_consumer_config, partition_filters, partitioned_stream_config
 from spark_jetstream.read import direct
-from spark_jetstream.read.direct import SeqRange, read_range
-from spark_jetstream.stream.pull import MemberRange, PullSettings, read_member
+from spark_jetstream.read.direct import read_range
+from spark_jetstream.read.ranges import MemberRange, SeqRange
+from spark_jetstream.stream.pull import PullSettings, read_member
 from spark_jetstream.tools.embedded import EmbeddedServer
 
 BIG = 8 * 1024 * 1024

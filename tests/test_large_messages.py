@@ -16,10 +16,11 @@ from test_source import ack_floors, checkpoint_log, reader, run_available_now
 from spark_jetstream.client.connection import ConnectionOptions, connect
 from spark_jetstream.client.publish import Publisher, command
 from spark_jetstream.read.consumer import read_by_consumer
-from spark_jetstream.read.direct import SeqRange, read_range
+from spark_jetstream.read.direct import read_range
 from spark_jetstream.read.mode import PULL
+from spark_jetstream.read.ranges import MemberRange, SeqRange
 from spark_jetstream.stream.config import PullSettings
-from spark_jetstream.stream.pull import MemberRange, read_member
+from spark_jetstream.stream.pull import read_member
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,8 @@ import pytest
 
 from spark_jetstream.errors import OptionError
 from spark_jetstream.groups.layout import balanced_mapping
-from spark_jetstream.read.direct import SeqRange, spread
+from spark_jetstream.read.direct import spread
+from spark_jetstream.read.ranges import SeqRange
 from spark_jetstream.stream.offsets import Watermark
 from spark_jetstream.stream.planning import Limits, batch_end
 

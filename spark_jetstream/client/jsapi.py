@@ -57,6 +57,12 @@ PRIORITY_GROUP = "PCG"
 """The priority group every member consumer uses (as pcgroups does)."""
 
 
+def pin_holder(info: dict[str, Any], group: str | None = PRIORITY_GROUP) -> str | None:
+    """The pin id a consumer's priority group holds, from its consumer info (``group`` None: whichever group)."""
+    groups = info.get("priority_groups") or []
+    return next((g.get("pinned_client_id") for g in groups if group is None or g.get("group") == group), None)
+
+
 @dataclass(frozen=True)
 class DirectMessage:
     """One message returned by Direct Get."""

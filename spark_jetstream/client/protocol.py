@@ -122,7 +122,9 @@ HEADER_START = b"NATS/1.0\r\n"
 STATUS_PREFIX = b"NATS/1.0 "
 """How a status message's header block starts (``NATS/1.0 408 Request Timeout``); a plain block has no space."""
 
-PIN_HEADER = b"Nats-Pin-Id:"
+PIN_HEADER_NAME = "Nats-Pin-Id"
+"""The header the server adds to a pinned delivery: the pin id the next pulls carry."""
+PIN_HEADER = PIN_HEADER_NAME.encode() + b":"
 
 
 def status_line(headers: bytes) -> str:

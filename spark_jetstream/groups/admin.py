@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from nats.js.errors import KeyWrongLastSequenceError
 
-from spark_jetstream.client.jsapi import PRIORITY_GROUP, JetStreamApi
+from spark_jetstream.client.jsapi import PRIORITY_GROUP, JetStreamApi, pin_holder
 from spark_jetstream.client.kv import key_value
 from spark_jetstream.errors import ConsumerNotFoundError, GroupConfigError, StreamNotFoundError
 from spark_jetstream.groups.layout import (
@@ -164,7 +164,7 @@ def status(api: JetStreamApi, stream: str, group: str, members: int | None = Non
         except ConsumerNotFoundError:
             rows.append(MemberStatus(member.name, name, member.partitions, "(no consumer)", 0, 0, last_seq))
             continue
-        pin = next((g.get("pinned_client_id") for g in info.get("priority_groups") or [] if g.get("group")), None)
+        pin = pin_holder(info, group=None)
         floor = info["ack_floor"]["stream_seq"]
         pending = info["num_pending"] + info["num_ack_pending"]
         rows.append(MemberStatus(member.name, name, member.partitions, pin or "-", floor, pending, last_seq - floor))

@@ -27,8 +27,9 @@ from spark_jetstream.groups.layout import partition_filters, transform_partition
 from spark_jetstream.groups.resolve import resolve_layout
 from spark_jetstream.options import BATCH, config_values, connection_options, default_of, parse_options
 from spark_jetstream.read.consumer import check_consumer_reads, read_by_consumer
-from spark_jetstream.read.direct import SeqRange, first_seqs, read_range, split, spread
+from spark_jetstream.read.direct import first_seqs, read_range, split, spread
 from spark_jetstream.read.mode import DIRECT, PULL, choose_read_mode
+from spark_jetstream.read.ranges import SeqRange
 from spark_jetstream.read.start import check_data_loss, seq_at, start_after
 from spark_jetstream.spark_compat import DataSourceReader, InputPartition
 

@@ -31,7 +31,7 @@ from spark_jetstream.client.connection import Connection
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.protocol import STATUS_PREFIX, BulkHandler, status_of
 from spark_jetstream.errors import ApiError, ConnectError, ConsumerNotFoundError, ReaderError, StreamNotFoundError
-from spark_jetstream.read.direct import SeqRange
+from spark_jetstream.read.ranges import SeqRange
 from spark_jetstream.read.rows import RowBatches, RowBuffer
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ import json
 import logging
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pyarrow as pa
 
@@ -28,8 +28,7 @@ from spark_jetstream.client.connection import ATTEMPT_TIMEOUT, Connection
 from spark_jetstream.client.jsapi import NO_MESSAGE_FOUND, JetStreamApi
 from spark_jetstream.client.protocol import STATUS_PREFIX, BulkHandler, status_line
 from spark_jetstream.errors import ApiError, ClusterUnavailableError, ReaderError
-from spark_jetstream.options import default_of
-from spark_jetstream.read.mode import DIRECT
+from spark_jetstream.read.ranges import SeqRange
 from spark_jetstream.read.rows import RowBatches, RowBuffer, binary_array
 
 log = logging.getLogger(__name__)
@@ -45,26 +44,6 @@ _REPLY = re.compile(
 )
 """One Direct Get reply up to its payload, as nats-server 2.11-2.15 writes it: the protocol line, then the server's
 headers after the message's own. A reply it does not match exactly goes to the per-message handler."""
-
-
-@dataclass(frozen=True)
-class SeqRange:
-    """One Spark partition's read: the messages matching ``filter`` with ``start < seq <= end``, read with Direct Get
-    (``read_range``) or, with ``read_mode`` ``pull``, through an ephemeral consumer (``read.consumer``)."""
-
-    stream: str
-    filter: str
-    start: int
-    end: int
-    partitioned: bool
-    include_headers: bool = False
-    direct_batch: int = default_of("directGetBatch")
-    direct_max_bytes: int = default_of("directGetMaxBytes")
-    record_batch_size: int = default_of("recordBatchSize")
-    record_batch_bytes: int = default_of("recordBatchBytes")
-    read_mode: str = DIRECT
-    pull_batch: int = default_of("pullBatchSize")
-    pull_max_bytes: int = default_of("pullMaxBytes")
 
 
 def first_seqs(

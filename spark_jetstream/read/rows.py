@@ -19,7 +19,7 @@ from itertools import accumulate
 
 import pyarrow as pa
 
-from spark_jetstream.client.protocol import header_fields
+from spark_jetstream.client.protocol import PIN_HEADER_NAME, header_fields
 from spark_jetstream.read.row_schema import columns, spark_schema_ddl
 
 __all__ = ["HEADERS_TYPE", "RowBatches", "RowBuffer", "arrow_schema", "parse_headers", "spark_schema_ddl"]
@@ -35,7 +35,7 @@ _ARROW_TYPES = {
     "map<string,array<string>>": HEADERS_TYPE,
 }
 
-INTERNAL_HEADERS = frozenset({"Nats-Pin-Id"})
+INTERNAL_HEADERS = frozenset({PIN_HEADER_NAME})
 """Headers the server adds on delivery; they are not part of the stored message."""
 
 

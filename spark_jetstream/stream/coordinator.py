@@ -20,8 +20,9 @@ from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import GroupConfigError, OptionError
 from spark_jetstream.groups.layout import GroupLayout
 from spark_jetstream.groups.resolve import find_group_async, layout_of, resolve_layout
-from spark_jetstream.read.direct import SeqRange, first_seqs, split, spread
+from spark_jetstream.read.direct import first_seqs, split, spread
 from spark_jetstream.read.mode import DIRECT, PULL, choose_read_mode
+from spark_jetstream.read.ranges import MemberRange, SeqRange
 from spark_jetstream.read.start import check_data_loss, start_after
 from spark_jetstream.stream.config import SourceConfig
 from spark_jetstream.stream.faults import fault_point
@@ -30,7 +31,6 @@ from spark_jetstream.stream.offsets import Watermark
 from spark_jetstream.stream.ownership import GroupClaim, describe_this_process
 from spark_jetstream.stream.pins import PinKeeper
 from spark_jetstream.stream.planning import Limits, batch_end
-from spark_jetstream.stream.pull import MemberRange
 
 log = logging.getLogger(__name__)
 

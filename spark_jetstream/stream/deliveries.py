@@ -16,8 +16,8 @@ from spark_jetstream.client.protocol import PIN_HEADER, BulkHandler, header_valu
 from spark_jetstream.read.rows import RowBatches, RowBuffer
 
 if TYPE_CHECKING:
+    from spark_jetstream.read.ranges import MemberRange
     from spark_jetstream.stream.config import PullSettings
-    from spark_jetstream.stream.pull import MemberRange
 
 _ACK_PREFIX = b"$JS.ACK."
 _VERBS = (b"MSG", b"HMSG")  # a delivery's protocol line without and with headers

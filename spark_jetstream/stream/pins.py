@@ -25,7 +25,7 @@ import json
 import logging
 from typing import Any
 
-from spark_jetstream.client.jsapi import PRIORITY_GROUP
+from spark_jetstream.client.jsapi import PRIORITY_GROUP, pin_holder
 from spark_jetstream.client.protocol import PIN_HEADER, STATUS_PREFIX, header_value, status_of
 from spark_jetstream.errors import (
     ApiError,
@@ -202,10 +202,7 @@ class PinKeeper:
     def _check(self, consumer: str, info: dict[str, Any] | None) -> None:
         if info is None:
             return  # a deleted member consumer is reported by changed_error
-        pinned = next(
-            (g.get("pinned_client_id") for g in info.get("priority_groups") or [] if g.get("group") == PRIORITY_GROUP),
-            None,
-        )
+        pinned = pin_holder(info)
         ours, stream = self.pins.get(consumer), self.members.stream
         # the pin's own taking delivery may still be counted once after its RESET (measured: on a clustered
         # consumer, and rarely on one server under load), so more than one delivery is another client's

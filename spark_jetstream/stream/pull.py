@@ -20,15 +20,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Iterator
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pyarrow as pa
 
 from spark_jetstream.client.connection import Connection
-from spark_jetstream.client.jsapi import PRIORITY_GROUP, PRIORITY_GROUP_UNKNOWN, JetStreamApi
+from spark_jetstream.client.jsapi import PRIORITY_GROUP_UNKNOWN, JetStreamApi, pin_holder
 from spark_jetstream.client.protocol import STATUS_PREFIX, status_of
 from spark_jetstream.errors import ApiError, ConnectError, FencedError, JetStreamError, ReaderError
+from spark_jetstream.read.ranges import MemberRange
 from spark_jetstream.read.rows import RowBuffer
 from spark_jetstream.stream.config import PullSettings
 from spark_jetstream.stream.deliveries import Deliveries
@@ -39,19 +39,6 @@ log = logging.getLogger(__name__)
 _NS = 1_000_000_000
 _MAX_RECOVERIES = 5
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class MemberRange:
-    """One member consumer and the watermark range ``(start, end]`` to read from it."""
-
-    stream: str
-    consumer: str
-    start: int
-    end: int
-    partitioned: bool = True
-    include_headers: bool = False
-    priority_group: str = PRIORITY_GROUP
 
 
 def read_member(
@@ -133,14 +120,7 @@ class _PinnedPull:
         if not self.first_attempt:
             return False
         info = await self.api.consumer_info_async(self.member.stream, self.member.consumer)
-        pinned = next(
-            (
-                g.get("pinned_client_id")
-                for g in info.get("priority_groups", [])
-                if g.get("group") == self.member.priority_group
-            ),
-            None,
-        )
+        pinned = pin_holder(info, self.member.priority_group)
         if not pinned or info["delivered"]["consumer_seq"] != 0:
             return False
         self.deliveries.pin_id = pinned
@@ -288,14 +268,7 @@ class _PinnedPull:
         """A pull ended empty or the server went quiet: find out why, then finish, recover or fail."""
         info = await self._api(self.api.consumer_info_async(self.member.stream, self.member.consumer))
         delivered = info["delivered"]["stream_seq"]
-        pinned = next(
-            (
-                g.get("pinned_client_id")
-                for g in info.get("priority_groups", [])
-                if g.get("group") == self.member.priority_group
-            ),
-            None,
-        )
+        pinned = pin_holder(info, self.member.priority_group)
         deliveries = self.deliveries
         if deliveries.done or self.error is not None:
             return
