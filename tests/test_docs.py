@@ -1,4 +1,4 @@
-"""The README stays true to the code."""
+"""The README and CONTRIBUTING.md stay true to the code."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from spark_jetstream.options import options_markdown
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+CONTRIBUTING = README.parent / "CONTRIBUTING.md"
 
 
 def test_readme_option_table_is_generated_from_the_option_definitions():
@@ -25,11 +26,11 @@ def test_readme_starts_with_the_two_setup_commands():
     assert commands[1] in ci
 
 
-def test_readme_layout_names_every_module():
-    """Every module of the package has its row in the README's Layout table (paths relative to the package
+def test_the_layout_names_every_module():
+    """Every module of the package has its row in CONTRIBUTING.md's Layout table (paths relative to the package
     from the subpackages on), and every row names a module that exists."""
     package = README.parent / "spark_jetstream"
-    layout = README.read_text().split("## Layout\n", 1)[1].split("\n## ", 1)[0]
+    layout = CONTRIBUTING.read_text().split("## Layout\n", 1)[1].split("\n## ", 1)[0]
     rows = set(re.findall(r"^\| \*{0,2}`([a-z_/.]+\.py)`", layout, re.M))
     listed = {row.removeprefix("spark_jetstream/") for row in rows if not row.startswith("bench/")}
     modules = {str(p.relative_to(package)) for p in package.rglob("*.py") if p.name != "__init__.py"}
