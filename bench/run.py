@@ -25,6 +25,11 @@ never carry memory from one scenario into the next) and an untimed warm-up query
   ``--messages`` (one task reading everything): the executor Python worker's peak RSS should not
   grow with the batch, since the reader streams Arrow batches of ``recordBatchSize`` rows and each
   pull asks for at most ``pullMaxBytes``.
+* ``shapes``: ``--shape-messages`` x 100 B on each stream shape users have (partitioned 8 ways with 1,024 and
+  with 200,000 subjects; no transform with and without Direct Get), streaming and batch, by default, with
+  ``readMode=pull`` and with ``minPartitions=8``, against raw Direct Get and pull loops on the same data and a
+  no-I/O Python source (``bench/scenarios/shapes.py``).
+* ``large-messages``, ``first-batch``, ``leader-change``: see their modules.
 
 Peak RSS (VmHWM, reset with ``/proc/<pid>/clear_refs`` when a measurement starts and polled) is
 recorded per measurement for this driver process, the Spark JVM and the Python processes under it.
@@ -51,7 +56,7 @@ from pathlib import Path
 
 import leader_change
 from common import WARMUP_STREAM, create_stream, publish, server_version, warmup_messages
-from scenarios import first_batch, large_messages, latency, memory, read, scaling, write
+from scenarios import first_batch, large_messages, latency, memory, read, scaling, shapes, write
 from suite import READ_PARTITIONS, SIZE, WARMUP_MESSAGES, Suite, print_peaks, print_summary
 
 from spark_jetstream.client.connection import ConnectionOptions, close_all, connect
@@ -66,6 +71,7 @@ RUNNERS: dict[str, Callable[[Suite], None]] = {
     "write": write.run,
     "memory": memory.run,
     "large-messages": large_messages.run,
+    "shapes": shapes.run,
     "first-batch": first_batch.run,
     "leader-change": leader_change.scenario,
 }
@@ -99,12 +105,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--latency-seconds", type=float, default=None, help="publishing time of the latency run")
     parser.add_argument("--rate", type=int, default=5000, help="msg/s published during the latency run")
     parser.add_argument("--large-mb", type=int, default=None, help="MB of payload per message size of large-messages")
+    parser.add_argument("--shape-messages", type=int, default=None, help="messages per stream shape (400,000)")
     parser.add_argument("--storage", choices=("file", "memory"), default="file", help="storage of every stream")
     parser.add_argument("--naive-dir", type=Path, default=NAIVE_DIR, help="directory holding naive_source.py")
     args = parser.parse_args(argv)
     args.messages = args.messages or (100_000 if args.quick else 1_000_000)
     args.latency_seconds = args.latency_seconds or (15.0 if args.quick else 60.0)
     args.large_mb = args.large_mb or (200 if args.quick else 1000)
+    args.shape_messages = args.shape_messages or (100_000 if args.quick else 400_000)
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in args.only if s not in SCENARIOS]
     if unknown or not args.only:

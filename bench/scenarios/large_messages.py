@@ -25,11 +25,12 @@ machine used meanwhile.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from common import Cpu, heading
+from noio import noio_source
 from raw_direct import run_direct_parallel
 from raw_pull import run_baseline_parallel
 from suite import Measurement, Suite, Summary, start_session
@@ -40,7 +41,6 @@ from spark_jetstream.groups.layout import member_consumer_name, partition_filter
 from spark_jetstream.options import default_of
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import SparkSession
 
 SIZES = (1_000_000, 200_000, 10_000)
@@ -78,107 +78,6 @@ class Case:
         if not self.ceiling_mb_s:
             return float("nan")
         return self.mb_s * (1 / self.raw_mb_s + 1 / self.ceiling_mb_s)
-
-
-def noio_source(size: int, count: int) -> type:
-    """A Python data source (streaming and batch) that yields ``count`` rows of ``size`` payload bytes in the
-    connector's schema and record batch bound, in ``PARTITIONS`` partitions, and a writer that drops what it
-    gets, without I/O: what Spark moves from and to any Python source. Defined here, so Spark pickles it by
-    value (no module to install)."""
-    from pyspark.sql.datasource import (
-        DataSource,
-        DataSourceArrowWriter,
-        DataSourceReader,
-        DataSourceStreamReader,
-        InputPartition,
-        WriterCommitMessage,
-    )
-
-    from spark_jetstream.read.row_schema import spark_schema_ddl
-
-    per_batch = max(1, min(default_of("recordBatchSize"), default_of("recordBatchBytes") // size))
-
-    def rows(n: int) -> Iterator[pa.RecordBatch]:
-        from array import array
-
-        import pyarrow as pa
-
-        from spark_jetstream.read.rows import int64_array, repeated_string
-
-        def build(k: int) -> pa.RecordBatch:
-            offsets = pa.py_buffer(array("i", range(0, (k + 1) * size, size)))
-            data = pa.Array.from_buffers(pa.binary(), k, [None, offsets, pa.py_buffer(b"x" * (size * k))])
-            return pa.RecordBatch.from_arrays(
-                [
-                    repeated_string("large.k1", k),
-                    data,
-                    repeated_string(STREAM, k),
-                    int64_array(list(range(1, k + 1))),
-                    int64_array([time.time_ns() // 1000] * k, pa.timestamp("us", tz="UTC")),
-                    pa.Array.from_buffers(pa.int32(), k, [None, pa.py_buffer(array("i", [0] * k))]),
-                ],
-                schema=pa.schema(
-                    [
-                        ("subject", pa.string()),
-                        ("data", pa.binary()),
-                        ("stream", pa.string()),
-                        ("seq", pa.int64()),
-                        ("timestamp", pa.timestamp("us", tz="UTC")),
-                        ("partition", pa.int32()),
-                    ]
-                ),
-            )
-
-        full = build(per_batch)
-        for start in range(0, n, per_batch):
-            yield full if start + per_batch <= n else build(n - start)
-
-    halves = [InputPartition(count // PARTITIONS + (p < count % PARTITIONS)) for p in range(PARTITIONS)]
-
-    class Stream(DataSourceStreamReader):
-        def initialOffset(self) -> dict[str, int]:
-            return {"n": 0}
-
-        def latestOffset(self, start: dict[str, int] | None = None, limit: Any = None) -> dict[str, int]:
-            return {"n": count}
-
-        def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
-            return halves if end["n"] > start["n"] else []
-
-        def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-            yield from rows(partition.value)
-
-    class Batch(DataSourceReader):
-        def partitions(self) -> list[InputPartition]:
-            return halves
-
-        def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-            yield from rows(partition.value)
-
-    class Drop(DataSourceArrowWriter):
-        def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-            for _ in iterator:
-                pass
-            return WriterCommitMessage()
-
-    class NoIo(DataSource):
-        @classmethod
-        def name(cls) -> str:
-            return NOIO
-
-        def schema(self) -> str:
-            return spark_schema_ddl(include_headers=False)
-
-        def streamReader(self, schema: Any) -> Stream:
-            return Stream()
-
-        def reader(self, schema: Any) -> Batch:
-            return Batch()
-
-        def writer(self, schema: Any, overwrite: bool) -> Drop:
-            return Drop()
-
-    return NoIo
 
 
 def run(suite: Suite) -> None:
@@ -305,7 +204,7 @@ def _one_size(suite: Suite, spark: SparkSession, size: int, count: int) -> list[
         fastest = min(runs, key=lambda r: r[0])
         return fastest[0], max(r[1] for r in runs), fastest[2]
 
-    spark.dataSource.register(noio_source(size, count))
+    spark.dataSource.register(noio_source(NOIO, size, count, PARTITIONS))
     stream_ceiling = megabytes / best("no-I/O streaming read", lambda run: streaming(f"noio-{run}", NOIO))[0]
     batch_ceiling = megabytes / best("no-I/O batch read", lambda run: batch(NOIO))[0]
     write_ceiling = megabytes / best("no-I/O write", lambda run: spark_write(NOIO))[0]

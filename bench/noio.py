@@ -1,0 +1,116 @@
+"""Spark's ceiling for a Python source: a data source with the connector's schema that does no I/O.
+
+The scenarios measure the connector against it on the same machine, in the same run: what Spark itself moves
+from (and to) any Python source with this schema and record batch size.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from spark_jetstream.options import default_of
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+def noio_source(name: str, size: int, count: int, partitions: int) -> type:
+    """A Python data source ``name`` (streaming and batch) that yields ``count`` rows of ``size`` payload bytes in
+    the connector's schema and record batch bound, in ``partitions`` partitions, and a writer that drops what it
+    gets, without I/O. Its classes are local, so Spark pickles them by value (nothing to install on workers)."""
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceArrowWriter,
+        DataSourceReader,
+        DataSourceStreamReader,
+        InputPartition,
+        WriterCommitMessage,
+    )
+
+    from spark_jetstream.read.row_schema import spark_schema_ddl
+
+    per_batch = max(1, min(default_of("recordBatchSize"), default_of("recordBatchBytes") // size))
+
+    def rows(n: int) -> Iterator[pa.RecordBatch]:
+        from array import array
+
+        import pyarrow as pa
+
+        from spark_jetstream.read.rows import int64_array, repeated_string
+
+        def build(k: int) -> pa.RecordBatch:
+            offsets = pa.py_buffer(array("i", range(0, (k + 1) * size, size)))
+            data = pa.Array.from_buffers(pa.binary(), k, [None, offsets, pa.py_buffer(b"x" * (size * k))])
+            return pa.RecordBatch.from_arrays(
+                [
+                    repeated_string("noio.k1", k),
+                    data,
+                    repeated_string("NOIO", k),
+                    int64_array(list(range(1, k + 1))),
+                    int64_array([time.time_ns() // 1000] * k, pa.timestamp("us", tz="UTC")),
+                    pa.Array.from_buffers(pa.int32(), k, [None, pa.py_buffer(array("i", [0] * k))]),
+                ],
+                schema=pa.schema(
+                    [
+                        ("subject", pa.string()),
+                        ("data", pa.binary()),
+                        ("stream", pa.string()),
+                        ("seq", pa.int64()),
+                        ("timestamp", pa.timestamp("us", tz="UTC")),
+                        ("partition", pa.int32()),
+                    ]
+                ),
+            )
+
+        full = build(per_batch)
+        for start in range(0, n, per_batch):
+            yield full if start + per_batch <= n else build(n - start)
+
+    parts = [InputPartition(count // partitions + (p < count % partitions)) for p in range(partitions)]
+
+    class Stream(DataSourceStreamReader):
+        def initialOffset(self) -> dict[str, int]:
+            return {"n": 0}
+
+        def latestOffset(self, start: dict[str, int] | None = None, limit: Any = None) -> dict[str, int]:
+            return {"n": count}
+
+        def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+            return parts if end["n"] > start["n"] else []
+
+        def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+            yield from rows(partition.value)
+
+    class Batch(DataSourceReader):
+        def partitions(self) -> list[InputPartition]:
+            return parts
+
+        def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+            yield from rows(partition.value)
+
+    class Drop(DataSourceArrowWriter):
+        def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+            for _ in iterator:
+                pass
+            return WriterCommitMessage()
+
+    class NoIo(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return name
+
+        def schema(self) -> str:
+            return spark_schema_ddl(include_headers=False)
+
+        def streamReader(self, schema: Any) -> Stream:
+            return Stream()
+
+        def reader(self, schema: Any) -> Batch:
+            return Batch()
+
+        def writer(self, schema: Any, overwrite: bool) -> Drop:
+            return Drop()
+
+    return NoIo

@@ -1,0 +1,254 @@
+"""``shapes``: streaming and batch reads of the stream shapes users have, by read mode, against raw protocol
+loops on the same data and against what Spark itself moves from a Python source.
+
+``--shape-messages`` x 100 B per shape, each on a fresh stream (file storage):
+
+* ``8 partitions, 1,024 subjects`` and ``8 partitions, 200,000 subjects``: a pcgroups partition transform;
+* ``no transform, Direct Get`` and ``no transform, client defaults`` (no ``allow_direct``): 1,024 subjects
+  under ``ev.>``, as a client's ``StreamConfig(name, subjects)`` makes them.
+
+Each shape is read with ``trigger(availableNow=True)`` into ``noop`` and as a bounded batch read (``count``),
+by default, with ``readMode=pull`` and with ``minPartitions=8`` (streaming only where Direct Get reads: a
+member consumer is read by one task). The references, in the same run on the same data:
+
+* ``raw Direct Get``: ``raw_direct`` reading the shape's partition filters in 2 processes (Direct Get shapes);
+* ``raw pull``: ``raw_pull`` draining the member consumers the ``readMode=pull`` streaming read created, in
+  2 processes (as ``local[2]`` runs 2 tasks);
+* Spark's ceiling: a Python source with the connector's schema that does no I/O (``noio``), 8 partitions,
+  streaming and batch.
+
+A read's ratio is against the lower of its path's raw loop and Spark's ceiling; ``stream/batch`` is the
+streaming read's time over the batch read's. Every contender runs ``ROUNDS`` times in turn, best kept.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from common import Cpu, heading
+from noio import noio_source
+from raw_direct import run_direct_parallel
+from raw_pull import run_baseline_parallel
+from suite import SIZE, Measurement, Suite, Summary, start_session
+
+from spark_jetstream.client.publish import publish_all
+from spark_jetstream.groups.layout import partition_filters, partitioned_stream_config
+
+STREAM = "SHAPES"
+NOIO = "noio-shapes"
+NOIO_PARTITIONS = 8
+ROUNDS = 2
+RATIO_TARGET = 0.8
+STREAM_VS_BATCH_TARGET = 1.15
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    subjects: int
+    partitions: int | None  # None: no partition transform
+    direct: bool
+
+    def config(self, storage: str) -> dict[str, object]:
+        if self.partitions is None:
+            return {"name": STREAM, "subjects": ["ev.>"], "allow_direct": self.direct, "storage": storage}
+        return partitioned_stream_config(STREAM, "ev.*", self.partitions, storage=storage, allow_direct=self.direct)
+
+    def filters(self) -> list[str]:
+        return [">"] if self.partitions is None else partition_filters(range(self.partitions))
+
+
+SHAPES = (
+    Shape("8 partitions, 1,024 subjects", 1024, 8, True),
+    Shape("8 partitions, 200,000 subjects", 200_000, 8, True),
+    Shape("no transform, Direct Get", 1024, None, True),
+    Shape("no transform, client defaults", 1024, None, False),
+)
+MODES: dict[str, dict[str, str]] = {
+    "default": {},
+    "readMode=pull": {"readMode": "pull"},
+    "minPartitions=8": {"minPartitions": "8"},
+}
+
+
+@dataclass
+class Row:
+    shape: str
+    what: str  # "streaming <mode>", "batch <mode>", "raw ...", "Spark no-I/O ..."
+    rate: float  # rows/s
+    seconds: float
+    cpu: Cpu | None
+    reference: float | None = None  # the lower of the path's raw loop and Spark's ceiling
+
+    @property
+    def ratio(self) -> float | None:
+        return self.rate / self.reference if self.reference else None
+
+
+def run(suite: Suite) -> None:
+    count = suite.args.shape_messages
+    heading(f"shapes: {count:,} x {SIZE} B per stream shape, availableNow into noop and batch count()")
+    spark = start_session(suite, "shapes")
+    rows: list[Row] = []
+    try:
+        spark.dataSource.register(noio_source(NOIO, SIZE, count, NOIO_PARTITIONS))
+        ceiling = {
+            "streaming": _best(suite, "Spark no-I/O streaming", lambda r: _streaming(suite, NOIO, {}, f"noio-{r}")),
+            "batch": _best(suite, "Spark no-I/O batch", lambda r: _batch(suite, NOIO, {})),
+        }
+        for kind, (seconds, cpu) in ceiling.items():
+            rows.append(Row("-", f"Spark no-I/O {kind}", count / seconds, seconds, cpu))
+        rates = {kind: count / seconds for kind, (seconds, _) in ceiling.items()}
+        for index, shape in enumerate(SHAPES):
+            rows += _one_shape(suite, index, shape, rates)
+    finally:
+        spark.stop()
+        if STREAM in suite.api.stream_names():
+            suite.api.delete_stream(STREAM)
+    _report(suite, rows)
+
+
+def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]) -> list[Row]:
+    api, count = suite.api, suite.args.shape_messages
+    if STREAM in api.stream_names():
+        api.delete_stream(STREAM)
+    api.create_stream(shape.config(suite.args.storage))
+    payload = os.urandom(SIZE)
+    subjects = [f"ev.k{k}" for k in range(shape.subjects)]
+    published = publish_all(suite.conn, ((subjects[i % shape.subjects], payload, None) for i in range(count)))
+    if published.count != count:
+        raise SystemExit(f"FAILED: published {published.count:,} of {count:,} messages ({shape.name})")
+    print(f"  {shape.name}: {count:,} messages published", flush=True)
+    options = {"servers": suite.url, "stream": STREAM}
+    timed: dict[str, tuple[float, Cpu]] = {}
+    for mode, extra in MODES.items():
+        slug = f"shape{index}-{mode.split('=')[0].lower()}"
+        if shape.direct or mode != "minPartitions=8":  # pulling, a member consumer is read by one task
+            timed[f"streaming {mode}"] = _best(
+                suite,
+                f"{shape.name}: streaming {mode}",
+                lambda r, o=extra, g=slug: _streaming(suite, "jetstream", {**options, **o}, f"{g}-{r}"),
+            )
+        timed[f"batch {mode}"] = _best(
+            suite, f"{shape.name}: batch {mode}", lambda r, o=extra: _batch(suite, "jetstream", {**options, **o})
+        )
+    raw: dict[str, tuple[float, str]] = {}
+    if shape.direct:
+        filters = shape.filters()
+        seconds = min(_raw_direct(suite, filters) for _ in range(ROUNDS))
+        raw["direct"] = (count / seconds, f"raw Direct Get ({len(filters)} filters)")
+    members = f"shape{index}-readmode-0-"  # the member consumers of the first readMode=pull streaming read
+    consumers = sorted(c for c in api.consumer_names(STREAM) if c.startswith(members))
+    seconds = min(
+        _checked(run_baseline_parallel(suite.conn, suite.address, consumers, count, STREAM), count, "the raw pull")
+        for _ in range(ROUNDS)
+    )
+    raw["pull"] = (count / seconds, f"raw pull ({len(consumers)} consumers)")
+    out = [Row(shape.name, what, rate, count / rate, None) for rate, what in raw.values()]
+    for what, (seconds, cpu) in timed.items():
+        kind, mode = what.split(" ", 1)
+        path = "pull" if mode == "readMode=pull" or not shape.direct else "direct"
+        out.append(Row(shape.name, what, count / seconds, seconds, cpu, min(raw[path][0], ceiling[kind])))
+    return out
+
+
+def _checked(result: tuple[float, int], count: int, what: str) -> float:
+    seconds, got = result
+    if got != count:
+        raise SystemExit(f"FAILED: {what} read {got:,} of {count:,}")
+    return seconds
+
+
+def _raw_direct(suite: Suite, filters: list[str]) -> float:
+    seconds, got, _ = run_direct_parallel(suite.address, STREAM, filters)
+    return _checked((seconds, got), suite.args.shape_messages, "the raw Direct Get")
+
+
+def _streaming(suite: Suite, source: str, options: dict[str, str], group: str) -> None:
+    from pyspark.sql import SparkSession
+
+    spark, count = SparkSession.getActiveSession(), suite.args.shape_messages
+    reader = spark.readStream.format(source).options(**options)
+    if source == "jetstream":
+        reader = reader.option("group", group)
+    query = (
+        reader.load()
+        .writeStream.format("noop")
+        .trigger(availableNow=True)
+        .option("checkpointLocation", suite.checkpoint(f"shapes-{source}-{group}"))
+        .start()
+    )
+    query.awaitTermination()
+    got = sum(p["numInputRows"] for p in query.recentProgress)
+    if got != count:
+        raise SystemExit(f"FAILED: the streaming read ({source}, {options}) read {got:,} of {count:,}")
+
+
+def _batch(suite: Suite, source: str, options: dict[str, str]) -> None:
+    from pyspark.sql import SparkSession
+
+    spark, count = SparkSession.getActiveSession(), suite.args.shape_messages
+    got = spark.read.format(source).options(**options).load().count()
+    if got != count:
+        raise SystemExit(f"FAILED: the batch read ({source}, {options}) read {got:,} of {count:,}")
+
+
+def _best(suite: Suite, label: str, work: Callable[[int], None]) -> tuple[float, Cpu]:
+    """The fastest of ``ROUNDS`` runs of ``work(round)``: seconds and CPU."""
+    from pyspark.sql import SparkSession
+
+    runs = []
+    for round_ in range(ROUNDS):
+        watch = Measurement(suite, f"{label}, run {round_}", SparkSession.getActiveSession())
+        began = time.perf_counter()
+        work(round_)
+        runs.append((time.perf_counter() - began, watch.stop()))
+    return min(runs, key=lambda r: r[0])
+
+
+def _report(suite: Suite, rows: list[Row]) -> None:
+    print(f"  {'shape':<31} {'read':<26} {'rows/s':>9} {'s':>6} {'ratio':>6} {'cores':>6} {'other CPU':>9}")
+    for row in rows:
+        ratio = f"{row.ratio:.2f}" if row.ratio is not None else "-"
+        cores = f"{row.cpu.own_cores:.2f}" if row.cpu else "-"
+        other = f"{row.cpu.other_share:.0%}" if row.cpu else "-"
+        print(
+            f"  {row.shape:<31} {row.what:<26} {row.rate:>9,.0f} {row.seconds:>6.2f} {ratio:>6} {cores:>6} {other:>9}"
+        )
+    seconds = {(row.shape, row.what): row.seconds for row in rows}
+    slower = [  # a streaming read's time over the batch read's of the same shape and mode
+        (seconds[(shape, what)] / seconds[(shape, "batch" + what[len("streaming") :])], shape, what)
+        for shape, what in seconds
+        if what.startswith("streaming ")
+    ]
+    print("  streaming / batch time: " + ", ".join(f"{s} {w[10:]} {r:.2f}" for r, s, w in slower))
+    pulls = [r for r in rows if r.what == "streaming readMode=pull" and r.shape.startswith("8 partitions")]
+    reads = [r for r in rows if r.ratio is not None]
+    for label, worst in (
+        ("pull path, one partition per member", min(pulls, key=lambda r: r.ratio or 0)),
+        ("every read", min(reads, key=lambda r: r.ratio or 0)),
+    ):
+        suite.summary.append(
+            Summary(
+                f"shapes: {label}, worst vs min(raw, Spark) ({worst.shape}, {worst.what})",
+                worst.rate,
+                worst.reference or 0,
+                "rows/s",
+                f">= {RATIO_TARGET:g}x",
+                (worst.ratio or 0) >= RATIO_TARGET,
+            )
+        )
+    ratio, shape, what = max(slower)
+    suite.summary.append(
+        Summary(
+            f"shapes: streaming vs batch read time, worst ({shape}, {what[10:]})",
+            seconds[(shape, what)],
+            seconds[(shape, "batch" + what[len("streaming") :])],
+            "s",
+            f"<= {STREAM_VS_BATCH_TARGET:g}x",
+            ratio <= STREAM_VS_BATCH_TARGET,
+        )
+    )
