@@ -2,42 +2,28 @@
 
 Servers run on free loopback ports with temporary stores. Every server is stopped by its
 fixture (and dies with the test process anyway, through PR_SET_PDEATHSIG); the session ends
-by checking that no server this run started is still alive.
+by checking that no server this run started is still alive. Helpers that test modules import are in
+``helpers.py``.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from helpers import PartitionedStream, add_messages
 
 from spark_jetstream.client.connection import Connection, ConnectionOptions, close_all, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.client.publish import publish_all
-from spark_jetstream.groups.layout import (
-    member_consumer_config,
-    member_consumer_name,
-    partition_filters,
-    partitioned_stream_config,
-)
+from spark_jetstream.groups.layout import member_consumer_config, partition_filters, partitioned_stream_config
 from spark_jetstream.tools.embedded import EmbeddedCluster, EmbeddedServer
 
 _started: list[tuple[int, str]] = []
 """Servers the fixtures started, as (pid, start time): pids wrap at 32,768 here during a full run, so a pid alone
 may name another process by the end."""
-
-
-def fnv1a_32(data: bytes) -> int:
-    """The hash behind the server's ``{{partition(N, ...)}}`` transform (test oracle)."""
-    h = 0x811C9DC5
-    for byte in data:
-        h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
-    return h
 
 
 def _process(pid: int) -> tuple[str, str] | None:
@@ -128,54 +114,6 @@ def api(conn: Connection) -> JetStreamApi:
 
 
 _names = itertools.count(1)
-
-
-@dataclass
-class PartitionedStream:
-    """A stream with partitioned subjects, its member consumers, and what was published."""
-
-    name: str
-    group: str
-    partitions: int
-    # seq -> (subject as published, payload, headers, partition)
-    messages: dict[int, tuple[str, bytes, dict[str, str] | None, int]] = field(default_factory=dict)
-
-    def consumer(self, partition: int) -> str:
-        return member_consumer_name(self.group, str(partition))
-
-    def expected(self, partition: int, start: int, end: int) -> list[int]:
-        """Seqs of the partition's messages with ``start < seq <= end``, in order."""
-        return [seq for seq, m in sorted(self.messages.items()) if m[3] == partition and start < seq <= end]
-
-    @property
-    def last_seq(self) -> int:
-        return max(self.messages)
-
-
-def add_messages(
-    conn: Connection,
-    stream: PartitionedStream,
-    count: int,
-    headers: bool = False,
-    seed: int = 7,
-    size: Callable[[int], int] | None = None,
-) -> None:
-    """Publish ``count`` messages to ``stream`` (made by ``make_stream``) and record them; ``size(i)``: the
-    i-th payload's size (default: a few dozen bytes)."""
-    n = stream.group[1:]
-    rng = random.Random(seed)
-    batch = []
-    for i in range(count):
-        key = f"k{rng.randrange(1000)}"
-        subject = f"ev{n}.{key}"
-        prefix = f"msg-{i}-".encode()
-        payload = prefix + rng.randbytes(rng.randrange(0, 40) if size is None else size(i) - len(prefix))
-        hdrs = {"index": str(i), "kind": "odd" if i % 2 else "even"} if headers else None
-        batch.append((subject, payload, hdrs, fnv1a_32(key.encode()) % stream.partitions))
-    result = publish_all(conn, ((s, p, h) for s, p, h, _ in batch))
-    assert result.count == count
-    for offset, message in enumerate(batch):
-        stream.messages[result.first_seq + offset] = message
 
 
 @pytest.fixture

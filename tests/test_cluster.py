@@ -6,7 +6,7 @@ import random
 
 import pyarrow as pa
 import pytest
-from test_source import slow_parquet_query
+from helpers import query_not_failed, slow_parquet_query, wait_for
 
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.groups.layout import member_consumer_config, partition_filters, partitioned_stream_config
@@ -79,17 +79,19 @@ def test_query_survives_the_stream_and_consumer_leaders_being_killed(spark, nats
         time.sleep(3)
         by_name[consumer_leader].start()
 
+    target = f'"seq": {published.last_seq}'
+
+    def finished() -> bool:
+        if killer.is_alive() or not (progress := query.lastProgress):
+            return False
+        return target in (progress["sources"][0]["endOffset"] or "")
+
     killer = threading.Thread(target=kill_leaders, daemon=True)
     killer.start()
     try:
-        deadline = time.monotonic() + 240
-        target = f'"seq": {published.last_seq}'
-        while killer.is_alive() or not (
-            query.lastProgress and target in (query.lastProgress["sources"][0]["endOffset"] or "")
-        ):
-            assert query.exception() is None, query.exception()
-            assert time.monotonic() < deadline, "the query did not finish after the leaders were killed"
-            time.sleep(0.2)
+        wait_for(
+            finished, 240, "the query to finish after the leaders were killed", poll=0.2, check=query_not_failed(query)
+        )
     finally:
         query.stop()
         killer.join(30)

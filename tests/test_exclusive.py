@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import add_messages
+from helpers import ack_floors, add_messages, assert_output_exact, checkpoint_log, reader, run_available_now, wait_for
 from pyspark.sql.streaming import StreamingQuery
-from test_source import ack_floors, assert_output_exact, checkpoint_log, reader, run_available_now
 
 from spark_jetstream.client.jsapi import pin_holder
 
@@ -36,13 +35,6 @@ def start_query(spark, url: str, stream, tmp_path: Path, read_mode: str = "auto"
 def committed_seq(checkpoint: Path) -> int:
     offsets, commits = checkpoint_log(checkpoint, "offsets"), checkpoint_log(checkpoint, "commits")
     return offsets[max(commits)] if commits else 0
-
-
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def foreign_client(url: str, stream, consumer: str, seconds: float, *extra: str) -> subprocess.Popen:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_source import checkpoint_log, slow_parquet_query
+from helpers import checkpoint_log, child_alive, query_not_failed, slow_parquet_query, wait_for
 
 from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
@@ -44,14 +44,15 @@ def test_server_restart_mid_batch_is_survived_with_exact_output(spark, own_serve
         own_server.start()
         restarted.set()
 
+    def caught_up() -> bool:
+        if not restarted.is_set() or not (progress := query.lastProgress):
+            return False
+        end = progress["sources"][0]["endOffset"]
+        return bool(end) and f'"seq": {published.last_seq}' in end
+
     threading.Thread(target=restart_after_first_commit, daemon=True).start()
     try:
-        deadline = time.monotonic() + 180
-        while not (restarted.is_set() and query.lastProgress and query.lastProgress["sources"][0]["endOffset"]
-                   and f'"seq": {published.last_seq}' in query.lastProgress["sources"][0]["endOffset"]):  # fmt: skip
-            assert query.exception() is None, query.exception()
-            assert time.monotonic() < deadline, "the query did not catch up after the restart"
-            time.sleep(0.2)
+        wait_for(caught_up, 180, "the query to catch up after the restart", poll=0.2, check=query_not_failed(query))
     finally:
         query.stop()
     seqs = sorted(r.seq for r in spark.read.parquet(str(tmp_path / "out")).select("seq").collect())
@@ -119,11 +120,7 @@ def test_driver_killed_at_each_point_of_the_batch_cycle_restarts_exactly(
     env = {**os.environ, "SPARK_JETSTREAM_FAULT": f"{point}:{marker}"}
     child = subprocess.Popen(args, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 120
-        while not marker.exists():
-            assert child.poll() is None, child.stderr.read().decode()[-3000:]
-            assert time.monotonic() < deadline, f"the driver never reached {point}"
-            time.sleep(0.05)
+        wait_for(marker.exists, 120, f"the driver to reach {point}", poll=0.05, check=child_alive(child))
     finally:
         os.killpg(child.pid, signal.SIGKILL)
         child.wait()

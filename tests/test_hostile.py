@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 import socket
-import time
 from collections.abc import Iterator
 
 import pytest
+from helpers import wait_for
 
 from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
@@ -67,9 +67,13 @@ def test_odd_subjects_headers_and_payload_sizes_come_back_exactly(big_server, mo
         for i, token in enumerate(tokens * 2)
     ]
     raw_publish(big_server.url, messages)
-    deadline = time.monotonic() + 10
-    while (last := api.stream_info("H")["state"]["last_seq"]) < len(messages) and time.monotonic() < deadline:
-        time.sleep(0.05)  # core publishes are stored asynchronously
+
+    def last_seq() -> int:
+        return api.stream_info("H")["state"]["last_seq"]
+
+    # core publishes are stored asynchronously
+    wait_for(lambda: last_seq() >= len(messages), 10, "the server to store every message", poll=0.05)
+    last = last_seq()
     assert last == len(messages)
     settings = PullSettings(batch=3, in_flight=2, max_bytes=1024 * 1024, record_batch_size=4)
     rows = [

@@ -9,9 +9,9 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers import ack_floors, checkpoint_log, reader, run_available_now
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from test_source import ack_floors, checkpoint_log, reader, run_available_now
 
 from spark_jetstream.client.connection import ConnectionOptions, connect
 from spark_jetstream.client.publish import Publisher, command

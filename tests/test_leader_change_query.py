@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import wait_for
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -71,14 +72,14 @@ FAULTS = {
 
 def _create_stream(api: JetStreamApi, name: str, subjects: str) -> None:
     """An R3 stream; right after an earlier test's restart a server may not be counted as a peer yet."""
-    deadline = time.monotonic() + WAIT
-    while True:
-        try:
+
+    def created() -> bool:
+        with contextlib.suppress(ApiError):
             api.create_stream(partitioned_stream_config(name, subjects, PARTITIONS, num_replicas=3, storage="file"))
-            return
-        except ApiError:
-            assert time.monotonic() < deadline, f"could not create the R3 stream {name}"
-            time.sleep(1.0)
+            return True
+        return False
+
+    wait_for(created, WAIT, f"the R3 stream {name} to be created", poll=1.0)
 
 
 def _start_query(spark: SparkSession, servers: str, stream: str, work: Path) -> StreamingQuery:
@@ -119,11 +120,8 @@ class _Running:
         assert [q.runId for q in self.spark.streams.active] == [self.run_id], "the query was restarted"
 
     def wait_for(self, done, what: str) -> None:
-        deadline = time.monotonic() + WAIT
-        while not done():
-            self.check()
-            assert time.monotonic() < deadline, f"{what}: not within {WAIT:g} s"
-            time.sleep(0.2)
+        """The shared ``wait_for``, up to ``WAIT`` seconds, checking all along that the query still runs (``check``)."""
+        wait_for(done, WAIT, what, poll=0.2, check=self.check)
 
 
 @pytest.mark.parametrize("case", list(FAULTS))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from helpers import wait_for
 
 from spark_jetstream.client.connection import ConnectionOptions, connect
 from spark_jetstream.client.jsapi import JetStreamApi
@@ -101,15 +102,17 @@ def _lead_everything(api: JetStreamApi, cluster: EmbeddedCluster) -> EmbeddedSer
 
 def _wait_healthy(api: JetStreamApi) -> None:
     """Every replica of the stream and consumer current again (so the next fault starts from a whole cluster)."""
-    deadline = time.monotonic() + 30
-    while True:
-        infos = (api.stream_info(STREAM)["cluster"], api.consumer_info(STREAM, CONSUMER)["cluster"])
-        if all(c.get("leader") and len(c.get("replicas") or []) == 2 for c in infos) and all(
-            r.get("current") for c in infos for r in c["replicas"]
-        ):
-            return
-        assert time.monotonic() < deadline, f"cluster not healthy again: {infos}"
-        time.sleep(0.5)
+
+    def infos() -> tuple[dict, dict]:
+        return api.stream_info(STREAM)["cluster"], api.consumer_info(STREAM, CONSUMER)["cluster"]
+
+    def healthy() -> bool:
+        found = infos()
+        return all(c.get("leader") and len(c.get("replicas") or []) == 2 for c in found) and all(
+            r.get("current") for c in found for r in c["replicas"]
+        )
+
+    wait_for(healthy, 30, lambda: f"the cluster to be healthy again: {infos()}", poll=0.5)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import time
-
-from test_source import ack_floors, reader
+from helpers import ack_floors, reader, wait_for
 
 from spark_jetstream.stream.offsets import committed_offset
 from spark_jetstream.tools.monitoring import JetStreamLagListener
@@ -26,9 +24,11 @@ def test_lag_per_batch_counts_down_to_zero_and_the_checkpoint_matches_the_floors
             .start()
         )
         query.awaitTermination()
-        deadline = time.monotonic() + 10  # listener events arrive asynchronously
-        while sum(b.rows for b in listener.batches if b.query == "lagged") < 2400 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(  # listener events arrive asynchronously
+            lambda: sum(b.rows for b in listener.batches if b.query == "lagged") >= 2400,
+            10,
+            "the listener to see the batches' 2400 rows",
+        )
     finally:
         spark.streams.removeListener(listener)
     batches = sorted((b for b in listener.batches if b.query == "lagged" and b.rows), key=lambda b: b.batch_id)

@@ -12,7 +12,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from test_source import _start_and_expect, checkpoint_log, error_text, reader, run_then_kill
+from helpers import checkpoint_log, error_text, reader, run_then_kill, start_and_expect
 
 from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
@@ -126,7 +126,7 @@ def test_the_readmes_batch_pull_permissions_are_enough(spark, permissions_server
 
 def test_streaming_read_mode_direct_without_direct_get_is_refused_at_start(spark, nats_server, make_stream, tmp_path):
     stream = make_stream(100, partitions=2, direct=False)
-    _start_and_expect(
+    start_and_expect(
         reader(spark, nats_server.url, stream, readMode="direct"),
         tmp_path,
         f"readMode=direct, but stream {stream.name!r} does not allow Direct Get: enable it with `nats stream edit "
@@ -136,7 +136,7 @@ def test_streaming_read_mode_direct_without_direct_get_is_refused_at_start(spark
 
 def test_min_partitions_with_pulls_is_refused_at_start(spark, nats_server, make_stream, tmp_path):
     stream = make_stream(100, partitions=2)
-    _start_and_expect(
+    start_and_expect(
         reader(spark, nats_server.url, stream, readMode="pull", minPartitions=8),
         tmp_path,
         f"minPartitions cannot apply to this query: readMode=pull, so each member consumer of group {stream.group!r} "

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import json
 import re
 import subprocess
@@ -13,14 +11,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers import checkpoint_log, mid_batch, run_then_kill, stored
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType
-from test_source import checkpoint_log, mid_batch, run_then_kill
 
-from spark_jetstream.client.jsapi import NO_MESSAGE_FOUND, JetStreamApi
+from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import publish_all
-from spark_jetstream.read.rows import parse_headers
 from spark_jetstream.sink.markers import read_marker
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("active_session")]
@@ -28,35 +25,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("active_session")]
 JOB = Path(__file__).parent / "jobs" / "stream_to_jetstream.py"
 BUCKET = "spark-jetstream-commits"
 _S = 1_000_000_000
-
-
-def stored(api: JetStreamApi, stream: str) -> list[tuple[int, str, bytes, dict[str, list[str]]]]:
-    """Every message of ``stream`` from its leader, in seq order: (seq, subject, data, headers)."""
-    state = api.stream_info(stream)["state"]
-
-    async def get(seq: int) -> dict | None:
-        try:
-            return await api.call_async(("STREAM", "MSG", "GET", stream), {"seq": seq}, "get", stream)
-        except Exception as exc:  # a deleted seq
-            if getattr(exc, "err_code", 0) == NO_MESSAGE_FOUND:
-                return None
-            raise
-
-    async def everything() -> list[dict | None]:
-        seqs = list(range(state["first_seq"], state["last_seq"] + 1)) if state["messages"] else []
-        found: list[dict | None] = []
-        for i in range(0, len(seqs), 500):
-            found += await asyncio.gather(*(get(s) for s in seqs[i : i + 500]))
-        return found
-
-    messages = []
-    for reply in api.conn.run(everything()):
-        if reply is None:
-            continue
-        m = reply["message"]
-        headers = dict(parse_headers(base64.b64decode(m["hdrs"]) if m.get("hdrs") else None))
-        messages.append((m["seq"], m["subject"], base64.b64decode(m.get("data") or ""), headers))
-    return messages
 
 
 def msg_ids(messages) -> list[str]:

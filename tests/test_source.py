@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from chispa import assert_df_equality
+from helpers import (
+    ack_floors,
+    assert_output_exact,
+    checkpoint_log,
+    error_text,
+    expected_rows,
+    member_infos,
+    mid_batch,
+    reader,
+    run_available_now,
+    run_then_kill,
+    start_and_expect,
+)
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -25,105 +35,6 @@ from spark_jetstream.options import ACK_POLICIES
 pytestmark = pytest.mark.slow
 
 JOB = Path(__file__).parent / "jobs" / "stream_to_parquet.py"
-
-
-def reader(spark: SparkSession, url: str, stream, **options: object) -> DataFrame:
-    return (
-        spark.readStream.format("jetstream")
-        .option("servers", url)
-        .option("stream", stream.name)
-        .option("group", stream.group)
-        .options(**{k: str(v) for k, v in options.items()})
-        .load()
-    )
-
-
-def slow_parquet_query(
-    spark: SparkSession, servers: str, stream: str, group: str, max_per_trigger: int, delay: float, out: Path
-) -> StreamingQuery:
-    """A query into parquet at ``out/out`` (checkpoint ``out/cp``) whose rows take ``delay`` seconds each,
-    so a fault can be injected while batches run."""
-
-    @F.udf(LongType())
-    def slowly(seq: int) -> int:
-        time.sleep(delay)
-        return seq
-
-    return (
-        spark.readStream.format("jetstream")
-        .option("servers", servers)
-        .option("stream", stream)
-        .option("group", group)
-        .option("maxMessagesPerTrigger", max_per_trigger)
-        .load()
-        .withColumn("seq", slowly("seq"))
-        .writeStream.format("parquet")
-        .option("path", str(out / "out"))
-        .option("checkpointLocation", str(out / "cp"))
-        .start()
-    )
-
-
-def expected_rows(spark: SparkSession, stream) -> DataFrame:
-    rows = [(subject, payload, seq, part) for seq, (subject, payload, _, part) in stream.messages.items()]
-    return spark.createDataFrame(rows, "subject string, data binary, seq long, partition int")
-
-
-def run_available_now(rows: DataFrame, tmp_path: Path) -> None:
-    """Write ``rows`` to parquet in ``tmp_path/out`` (checkpoint ``tmp_path/cp``) until ``availableNow`` ends."""
-    writer = rows.writeStream.format("parquet").option("path", str(tmp_path / "out"))
-    writer.option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start().awaitTermination()
-
-
-def assert_output_exact(spark: SparkSession, stream, tmp_path: Path) -> None:
-    """``tmp_path/out`` holds every message of ``stream`` exactly once."""
-    output = spark.read.parquet(str(tmp_path / "out")).select("subject", "data", "seq", "partition")
-    assert_df_equality(output, expected_rows(spark, stream), ignore_row_order=True, ignore_nullable=True)
-
-
-def checkpoint_log(checkpoint: Path, kind: str) -> dict[int, int]:
-    """Batch id -> the source's seq in ``offsets/``; for ``commits/`` the ids only (seq 0). Empty before the first."""
-    folder = checkpoint / kind
-    entries = {}
-    for path in folder.iterdir() if folder.exists() else ():
-        if path.name.isdigit():
-            lines = path.read_text().splitlines()
-            entries[int(path.name)] = json.loads(lines[2])["seq"] if kind == "offsets" else 0
-    return entries
-
-
-def mid_batch(checkpoint: Path) -> bool:
-    """A batch is planned (offset log) but not committed, after at least one commit."""
-    offsets, commits = checkpoint_log(checkpoint, "offsets"), checkpoint_log(checkpoint, "commits")
-    return bool(commits) and max(offsets) > max(commits)
-
-
-def run_then_kill(args: list[str], ready: Callable[[], bool], timeout: float, poll: float = 0.05) -> None:
-    """Run a job in its own session until ``ready()``, then SIGKILL its whole process group (a crash:
-    killing only the Python driver would let the JVM finish the batch)."""
-    child = subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + timeout
-        while not ready():
-            assert child.poll() is None, child.stderr.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "the job never got to the point to kill it at"
-            time.sleep(poll)
-    finally:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
-
-
-def member_infos(api, stream, group: str | None = None) -> dict[str, dict]:
-    prefix = f"{group or stream.group}-"
-    return {
-        name: api.consumer_info(stream.name, name)
-        for name in api.consumer_names(stream.name)
-        if name.startswith(prefix) and "-" not in name[len(prefix) :]
-    }
-
-
-def ack_floors(api, stream, group: str | None = None) -> dict[str, int]:
-    return {name: info["ack_floor"]["stream_seq"] for name, info in member_infos(api, stream, group).items()}
 
 
 EACH_ACK_POLICY = pytest.mark.parametrize("ack_policy", ACK_POLICIES)
@@ -381,12 +292,6 @@ def test_format_jetstream_works_in_a_fresh_process_without_registering(master, n
     assert f"RESULT 1200 1200 1 {stream.last_seq} executors {separate_executors}" in done.stdout
 
 
-def error_text(exc: BaseException) -> str:
-    """The whole message of a Spark error (``str()`` of some elides the middle)."""
-    get_message = getattr(exc, "getMessage", None)
-    return get_message() if callable(get_message) else str(exc)
-
-
 def _load(spark: SparkSession, **options: str) -> DataFrame:
     return spark.readStream.format("jetstream").options(**options).load()
 
@@ -421,19 +326,9 @@ def test_bad_options_fail_at_load_with_the_option_named(spark, options, message)
     assert message in error_text(caught.value)
 
 
-def _start_and_expect(df: DataFrame, tmp_path: Path, message: str) -> None:
-    started = time.monotonic()
-    query = df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "cp")).start()
-    with pytest.raises(Exception) as caught:
-        query.awaitTermination(60)
-    assert message in error_text(caught.value)
-    assert time.monotonic() - started < 30
-    assert not query.isActive
-
-
 def test_missing_stream_fails_at_start(spark, nats_server, tmp_path):
     df = _load(spark, servers=nats_server.url, stream="NoSuchStream", group="g")
-    _start_and_expect(df, tmp_path, "Stream 'NoSuchStream' does not exist on nats://127.0.0.1")
+    start_and_expect(df, tmp_path, "Stream 'NoSuchStream' does not exist on nats://127.0.0.1")
 
 
 def test_unreachable_server_fails_at_start(spark, tmp_path):
@@ -441,14 +336,14 @@ def test_unreachable_server_fails_at_start(spark, tmp_path):
 
     url = f"nats://127.0.0.1:{free_port()}"
     df = _load(spark, servers=url, stream="S", group="g", connectTimeout="2s")
-    _start_and_expect(df, tmp_path, f"Cannot reach a NATS server at {url} within 2s")
+    start_and_expect(df, tmp_path, f"Cannot reach a NATS server at {url} within 2s")
 
 
 def test_missing_group_with_starting_position_group(spark, nats_server, api, tmp_path):
     api.create_stream({"name": "NoGroup", "subjects": ["nogroup.>"]})
     try:
         df = _load(spark, servers=nats_server.url, stream="NoGroup", group="ghost", startingPosition="group")
-        _start_and_expect(df, tmp_path, "startingPosition=group, but group 'ghost' has no member consumer ghost-0")
+        start_and_expect(df, tmp_path, "startingPosition=group, but group 'ghost' has no member consumer ghost-0")
     finally:
         api.delete_stream("NoGroup")
 
@@ -458,7 +353,7 @@ def test_workqueue_stream_with_a_foreign_overlapping_consumer(spark, nats_server
     try:
         api.create_consumer("WQ", {"durable_name": "legacy-worker", "ack_policy": "explicit"})
         df = _load(spark, servers=nats_server.url, stream="WQ", group="g")
-        _start_and_expect(
+        start_and_expect(
             df, tmp_path, "stream 'WQ' is a WorkQueue stream and another consumer (legacy-worker) already takes"
         )
     finally:
@@ -475,7 +370,7 @@ def test_ack_policy_none_is_refused_where_delivery_would_remove_messages(retenti
         publish_all(api.conn, ((f"{name}.k{i}", b"x", None) for i in range(20)))
         stored = api.stream_info(name)["state"]["messages"]  # an Interest stream keeps none: nobody is interested
         df = _load(spark, servers=nats_server.url, stream=name, group="g", ackPolicy="none")
-        _start_and_expect(
+        start_and_expect(
             df, tmp_path, f"ackPolicy=none needs a stream with Limits retention, but stream {name!r} has {retention}"
         )
         assert api.consumer_names(name) == []  # refused before any consumer was made
@@ -506,7 +401,7 @@ def test_member_consumers_of_another_ack_policy_are_refused_with_a_fix_that_work
 ):
     stream = make_stream(500, partitions=2, consumers=made)
     df = reader(spark, nats_server.url, stream, ackPolicy=read)
-    _start_and_expect(
+    start_and_expect(
         df,
         tmp_path / "refused",
         f"Member consumer {stream.consumer(0)!r} on stream {stream.name!r} has ack policy {made!r}, {says}",

@@ -20,9 +20,7 @@ from pathlib import Path
 import pyspark
 import pytest
 from chispa import assert_df_equality
-from test_sink import stored
-from test_source import ack_floors, expected_rows
-from test_spark_versions import venv
+from helpers import ack_floors, expected_rows, stored, venv, wait_for
 
 from spark_jetstream.tools.embedded import free_port
 
@@ -68,14 +66,20 @@ class ConnectServer:
         return f"sc://127.0.0.1:{self.port}"
 
     def wait_ready(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.log.read_text()[-3000:]
+        def listening() -> bool:
             with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.5)
-        raise AssertionError(f"no Spark Connect server on {self.port}: {self.log.read_text()[-3000:]}")
+                return probe.connect_ex(("127.0.0.1", self.port)) == 0
+
+        def alive() -> None:
+            assert self.process.poll() is None, self.log.read_text()[-3000:]
+
+        wait_for(
+            listening,
+            timeout,
+            lambda: f"a Spark Connect server on {self.port}: {self.log.read_text()[-3000:]}",
+            poll=0.5,
+            check=alive,
+        )
 
     def stop(self) -> None:
         os.killpg(self.process.pid, signal.SIGTERM)

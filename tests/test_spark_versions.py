@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 from chispa import assert_df_equality
-from test_sink import stored
-from test_source import ack_floors, checkpoint_log, expected_rows
+from helpers import ack_floors, checkpoint_log, expected_rows, pip, stored, venv
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +26,6 @@ ROOT = Path(__file__).parent.parent
 JOB = Path(__file__).parent / "jobs" / "compat_job.py"
 OLDER_PYSPARKS = ("4.0.5", "4.1.4", "4.2.1")
 """The newest patch of each supported minor before the suite's own (4.3)."""
-VENVS = Path(os.environ.get("SPARK_JETSTREAM_VENVS", Path.home() / ".cache" / "spark-jetstream" / "venvs"))
 
 
 @pytest.fixture(scope="session")
@@ -40,20 +38,6 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         capture_output=True,
     )
     return next(out.glob("spark_jetstream-*.whl"))
-
-
-def pip(python: Path, *args: str) -> None:
-    done = subprocess.run([str(python), "-m", "pip", "install", "-q", *args], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-
-
-def venv(name: str, *requirements: str) -> Path:
-    """The python of venv ``name``, made once with ``requirements``."""
-    python = VENVS / name / "bin" / "python"
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(VENVS / name)], check=True)
-        pip(python, *requirements)
-    return python
 
 
 def pyspark_venv(version: str, wheel: Path) -> Path:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import wait_for
 
 from spark_jetstream.tools.embedded import free_port
 
@@ -223,14 +224,17 @@ def _job() -> None:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
-    executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
-    deadline = time.monotonic() + 180
-    while executors.size() < 3:  # the driver's block manager and one executor per host
-        if time.monotonic() > deadline:
-            raise SystemExit(f"executors never registered: {executors.keys().toString()}")
-        time.sleep(0.2)
-        executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
-    print("executors:", executors.keys().toString(), flush=True)
+
+    def executors():
+        return spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
+
+    wait_for(  # the driver's block manager and one executor per host
+        lambda: executors().size() >= 3,
+        180,
+        lambda: f"executors to register: {executors().keys().toString()}",
+        poll=0.2,
+    )
+    print("executors:", executors().keys().toString(), flush=True)
     stall = STALL_SECONDS
 
     @F.udf(LongType())

@@ -1,0 +1,314 @@
+"""What more than one test module uses: one polling helper, the test streams' messages, query and checkpoint helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+import pytest
+
+from spark_jetstream.client.jsapi import NO_MESSAGE_FOUND
+from spark_jetstream.client.publish import publish_all
+from spark_jetstream.groups.layout import member_consumer_name
+from spark_jetstream.read.rows import parse_headers
+
+if TYPE_CHECKING:  # PySpark is imported where it is used: conftest imports this module for every test
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+    from spark_jetstream.client.connection import Connection
+    from spark_jetstream.client.jsapi import JetStreamApi
+
+T = TypeVar("T")
+
+
+# Waiting
+
+
+def wait_for(
+    condition: Callable[[], T],
+    timeout: float,
+    what: str | Callable[[], str],
+    poll: float = 0.1,
+    check: Callable[[], None] | None = None,
+) -> T:
+    """Call ``condition()`` every ``poll`` seconds until it returns something truthy, and return that. Between
+    calls ``check()`` (if given) runs, to fail at once when what is waited on cannot come any more (a query or
+    child process failed). After ``timeout`` seconds: an AssertionError naming ``what`` (a phrase, or a function
+    giving one at that time, to show the state then)."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if check is not None:
+            check()
+        if time.monotonic() >= deadline:
+            described = what if isinstance(what, str) else what()
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {described}")
+        time.sleep(poll)
+    return value
+
+
+def query_not_failed(query: StreamingQuery) -> Callable[[], None]:
+    """A ``check`` for ``wait_for``: the streaming query has not failed (else its exception is the failure)."""
+
+    def check() -> None:
+        assert query.exception() is None, query.exception()
+
+    return check
+
+
+def child_alive(child: subprocess.Popen) -> Callable[[], None]:
+    """A ``check`` for ``wait_for``: the child process (started with ``stderr=PIPE``) still runs (else the end of
+    its stderr is the failure)."""
+
+    def check() -> None:
+        assert child.poll() is None, child.stderr.read().decode()[-3000:]
+
+    return check
+
+
+# Test streams and their messages
+
+
+def fnv1a_32(data: bytes) -> int:
+    """The hash behind the server's ``{{partition(N, ...)}}`` transform (test oracle)."""
+    h = 0x811C9DC5
+    for byte in data:
+        h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return h
+
+
+@dataclass
+class PartitionedStream:
+    """A stream with partitioned subjects, its member consumers, and what was published."""
+
+    name: str
+    group: str
+    partitions: int
+    # seq -> (subject as published, payload, headers, partition)
+    messages: dict[int, tuple[str, bytes, dict[str, str] | None, int]] = field(default_factory=dict)
+
+    def consumer(self, partition: int) -> str:
+        return member_consumer_name(self.group, str(partition))
+
+    def expected(self, partition: int, start: int, end: int) -> list[int]:
+        """Seqs of the partition's messages with ``start < seq <= end``, in order."""
+        return [seq for seq, m in sorted(self.messages.items()) if m[3] == partition and start < seq <= end]
+
+    @property
+    def last_seq(self) -> int:
+        return max(self.messages)
+
+
+def add_messages(
+    conn: Connection,
+    stream: PartitionedStream,
+    count: int,
+    headers: bool = False,
+    seed: int = 7,
+    size: Callable[[int], int] | None = None,
+) -> None:
+    """Publish ``count`` messages to ``stream`` (made by ``make_stream``) and record them; ``size(i)``: the
+    i-th payload's size (default: a few dozen bytes)."""
+    n = stream.group[1:]
+    rng = random.Random(seed)
+    batch = []
+    for i in range(count):
+        key = f"k{rng.randrange(1000)}"
+        subject = f"ev{n}.{key}"
+        prefix = f"msg-{i}-".encode()
+        payload = prefix + rng.randbytes(rng.randrange(0, 40) if size is None else size(i) - len(prefix))
+        hdrs = {"index": str(i), "kind": "odd" if i % 2 else "even"} if headers else None
+        batch.append((subject, payload, hdrs, fnv1a_32(key.encode()) % stream.partitions))
+    result = publish_all(conn, ((s, p, h) for s, p, h, _ in batch))
+    assert result.count == count
+    for offset, message in enumerate(batch):
+        stream.messages[result.first_seq + offset] = message
+
+
+def stored(api: JetStreamApi, stream: str) -> list[tuple[int, str, bytes, dict[str, list[str]]]]:
+    """Every message of ``stream`` from its leader, in seq order: (seq, subject, data, headers)."""
+    state = api.stream_info(stream)["state"]
+
+    async def get(seq: int) -> dict | None:
+        try:
+            return await api.call_async(("STREAM", "MSG", "GET", stream), {"seq": seq}, "get", stream)
+        except Exception as exc:  # a deleted seq
+            if getattr(exc, "err_code", 0) == NO_MESSAGE_FOUND:
+                return None
+            raise
+
+    async def everything() -> list[dict | None]:
+        seqs = list(range(state["first_seq"], state["last_seq"] + 1)) if state["messages"] else []
+        found: list[dict | None] = []
+        for i in range(0, len(seqs), 500):
+            found += await asyncio.gather(*(get(s) for s in seqs[i : i + 500]))
+        return found
+
+    messages = []
+    for reply in api.conn.run(everything()):
+        if reply is None:
+            continue
+        m = reply["message"]
+        headers = dict(parse_headers(base64.b64decode(m["hdrs"]) if m.get("hdrs") else None))
+        messages.append((m["seq"], m["subject"], base64.b64decode(m.get("data") or ""), headers))
+    return messages
+
+
+# Streaming queries and their outputs
+
+
+def reader(spark: SparkSession, url: str, stream, **options: object) -> DataFrame:
+    """A streaming read of ``stream``'s group on the server at ``url``, with ``options``."""
+    return (
+        spark.readStream.format("jetstream")
+        .option("servers", url)
+        .option("stream", stream.name)
+        .option("group", stream.group)
+        .options(**{k: str(v) for k, v in options.items()})
+        .load()
+    )
+
+
+def slow_parquet_query(
+    spark: SparkSession, servers: str, stream: str, group: str, max_per_trigger: int, delay: float, out: Path
+) -> StreamingQuery:
+    """A query into parquet at ``out/out`` (checkpoint ``out/cp``) whose rows take ``delay`` seconds each,
+    so a fault can be injected while batches run."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType
+
+    @F.udf(LongType())
+    def slowly(seq: int) -> int:
+        time.sleep(delay)
+        return seq
+
+    return (
+        spark.readStream.format("jetstream")
+        .option("servers", servers)
+        .option("stream", stream)
+        .option("group", group)
+        .option("maxMessagesPerTrigger", max_per_trigger)
+        .load()
+        .withColumn("seq", slowly("seq"))
+        .writeStream.format("parquet")
+        .option("path", str(out / "out"))
+        .option("checkpointLocation", str(out / "cp"))
+        .start()
+    )
+
+
+def expected_rows(spark: SparkSession, stream) -> DataFrame:
+    """Every message published to ``stream``, as the source's rows (subject, data, seq, partition)."""
+    rows = [(subject, payload, seq, part) for seq, (subject, payload, _, part) in stream.messages.items()]
+    return spark.createDataFrame(rows, "subject string, data binary, seq long, partition int")
+
+
+def run_available_now(rows: DataFrame, tmp_path: Path) -> None:
+    """Write ``rows`` to parquet in ``tmp_path/out`` (checkpoint ``tmp_path/cp``) until ``availableNow`` ends."""
+    writer = rows.writeStream.format("parquet").option("path", str(tmp_path / "out"))
+    writer.option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start().awaitTermination()
+
+
+def assert_output_exact(spark: SparkSession, stream, tmp_path: Path) -> None:
+    """``tmp_path/out`` holds every message of ``stream`` exactly once."""
+    from chispa import assert_df_equality
+
+    output = spark.read.parquet(str(tmp_path / "out")).select("subject", "data", "seq", "partition")
+    assert_df_equality(output, expected_rows(spark, stream), ignore_row_order=True, ignore_nullable=True)
+
+
+def error_text(exc: BaseException) -> str:
+    """The whole message of a Spark error (``str()`` of some elides the middle)."""
+    get_message = getattr(exc, "getMessage", None)
+    return get_message() if callable(get_message) else str(exc)
+
+
+def start_and_expect(df: DataFrame, tmp_path: Path, message: str) -> None:
+    """Start a query of ``df`` into the ``noop`` sink (checkpoint ``tmp_path/cp``): it must fail with ``message``
+    within 30 s."""
+    started = time.monotonic()
+    query = df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "cp")).start()
+    with pytest.raises(Exception) as caught:
+        query.awaitTermination(60)
+    assert message in error_text(caught.value)
+    assert time.monotonic() - started < 30
+    assert not query.isActive
+
+
+# Checkpoints, crashes and ack floors
+
+
+def checkpoint_log(checkpoint: Path, kind: str) -> dict[int, int]:
+    """Batch id -> the source's seq in ``offsets/``; for ``commits/`` the ids only (seq 0). Empty before the first."""
+    folder = checkpoint / kind
+    entries = {}
+    for path in folder.iterdir() if folder.exists() else ():
+        if path.name.isdigit():
+            lines = path.read_text().splitlines()
+            entries[int(path.name)] = json.loads(lines[2])["seq"] if kind == "offsets" else 0
+    return entries
+
+
+def mid_batch(checkpoint: Path) -> bool:
+    """A batch is planned (offset log) but not committed, after at least one commit."""
+    offsets, commits = checkpoint_log(checkpoint, "offsets"), checkpoint_log(checkpoint, "commits")
+    return bool(commits) and max(offsets) > max(commits)
+
+
+def run_then_kill(args: list[str], ready: Callable[[], bool], timeout: float, poll: float = 0.05) -> None:
+    """Run a job in its own session until ``ready()``, then SIGKILL its whole process group (a crash:
+    killing only the Python driver would let the JVM finish the batch)."""
+    child = subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(ready, timeout, "the job to get to the point to kill it at", poll, check=child_alive(child))
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+
+
+def member_infos(api, stream, group: str | None = None) -> dict[str, dict]:
+    """Consumer info of each member consumer of ``group`` (default: ``stream``'s group) on ``stream``, by name."""
+    prefix = f"{group or stream.group}-"
+    return {
+        name: api.consumer_info(stream.name, name)
+        for name in api.consumer_names(stream.name)
+        if name.startswith(prefix) and "-" not in name[len(prefix) :]
+    }
+
+
+def ack_floors(api, stream, group: str | None = None) -> dict[str, int]:
+    """The ack floor (a stream seq) of each member consumer of ``group`` (default: ``stream``'s group), by name."""
+    return {name: info["ack_floor"]["stream_seq"] for name, info in member_infos(api, stream, group).items()}
+
+
+# Virtualenvs
+
+
+VENVS = Path(os.environ.get("SPARK_JETSTREAM_VENVS", Path.home() / ".cache" / "spark-jetstream" / "venvs"))
+"""Where ``venv`` keeps the virtualenvs it makes, between runs."""
+
+
+def pip(python: Path, *args: str) -> None:
+    """``pip install -q`` into the environment of ``python``."""
+    done = subprocess.run([str(python), "-m", "pip", "install", "-q", *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def venv(name: str, *requirements: str) -> Path:
+    """The python of venv ``name``, made once with ``requirements``."""
+    python = VENVS / name / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(VENVS / name)], check=True)
+        pip(python, *requirements)
+    return python
