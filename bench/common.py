@@ -94,11 +94,11 @@ def create_stream(conn: Connection, name: str, subject: str, partitions: int, st
     JetStreamApi(conn).create_stream(partitioned_stream_config(name, subject, partitions, storage=storage))
 
 
-def messages(count: int, size: int) -> Iterator[Message]:
-    subjects = [f"ev.k{k}" for k in range(SUBJECTS)]
+def messages(count: int, size: int, distinct: int = SUBJECTS) -> Iterator[Message]:
+    subjects = [f"ev.k{k}" for k in range(distinct)]
     payload = os.urandom(size)
     for i in range(count):
-        yield subjects[i % SUBJECTS], payload, None
+        yield subjects[i % distinct], payload, None
 
 
 def warmup_messages(count: int, size: int) -> Iterator[Message]:

@@ -8,7 +8,7 @@ never carry memory from one scenario into the next) and an untimed warm-up query
 * ``read``: ``--messages`` x 100 B on a 4-partition stream, ``trigger(availableNow=True)`` into
   the ``noop`` sink (``bench/scenarios/read.py``), by default and with ``ackPolicy=none``, each
   against the raw pull loop draining the same member consumers in 2 processes (explicit-ack or
-  AckNone ones), and against the naive PySpark source of ``shared/bench/naive_source.py``
+  AckNone ones), and against the naive PySpark source of ``bench/baseline/naive_source.py``
   (nats-py ``fetch()``, one partition) on the same stream; each contender runs once per round,
   ``READ_ROUNDS`` rounds, best kept (the raw loops while the idle Spark session stays up: minutes
   apart, this machine's speed drifts more than an idle JVM costs).
