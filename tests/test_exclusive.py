@@ -1,4 +1,4 @@
-"""Spark's member consumers stay Spark's (issue 17): while a query runs, a second real client that pulls
+"""Spark's member consumers stay Spark's: while a query runs, a second real client that pulls
 from a member consumer gets nothing as a standby, and is detected and named when it pulls with the
 query's pin id. The second client is plain nats-py in its own process (``jobs/foreign_client.py``)."""
 

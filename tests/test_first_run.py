@@ -1,4 +1,4 @@
-"""What a new user meets first: ``pip install '.[demo]' && spark-jetstream demo`` (issue 31).
+"""What a new user meets first: ``pip install '.[demo]' && spark-jetstream demo``.
 
 The suite's own venv has the ``test`` extra, which installs packages (pandas) that the ``demo`` extra does not: what
 the demo needs is only seen from a venv with nothing but ``.[demo]``. That venv is made once per module from a copy of
@@ -115,7 +115,7 @@ def demo_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 def test_the_demo_from_a_fresh_venv_with_only_the_demo_extra(demo_venv: Path, tmp_path: Path) -> None:
-    """Exit 0, the exact totals, the connector's read speed, and no traceback anywhere (issue 31: a pandas one)."""
+    """Exit 0, the exact totals, the connector's read speed, and no traceback anywhere (a pandas one, once)."""
     has_pandas = subprocess.run([str(demo_venv / "bin" / "python"), "-c", "import pandas"], capture_output=True)
     assert has_pandas.returncode != 0, "the demo extra is expected not to install pandas: this test is about that"
 

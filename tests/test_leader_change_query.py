@@ -1,4 +1,4 @@
-"""A streaming query rides through leader faults on a real 3-node cluster while data comes in (issue 23).
+"""A streaming query rides through leader faults on a real 3-node cluster while data comes in.
 
 Per fault, on one shared cluster, a stream of its own (4 partitions, R3, file store) gets ~400 msg/s from a
 publisher thread that records every acked message (``cluster_faults.Publisher``), and a streaming query reads it

@@ -1,9 +1,9 @@
-"""The JetStream API client rides through meta-leader changes on a real 3-node cluster (issue 23).
+"""The JetStream API client rides through meta-leader changes on a real 3-node cluster.
 
 While the meta leader (which also leads the stream and the consumer, the hardest placement) is
 stopped with SIGTERM or crashed with SIGKILL and restarted on its store, a driver-side client keeps
-asking for consumer info, stream info and UNPIN. Measured (docs/DESIGN.md section 10): during the
-election the API times out, and right after the restart the recovering server answers UNPIN "stream
+asking for consumer info, stream info and UNPIN. Measured (docs/decisions/0010-api-through-leader-changes.md):
+during the election the API times out, and right after the restart the recovering server answers UNPIN "stream
 not found" / "consumer not found" for ~0.1 s. No call may fail, and each must answer within the
 connection's API deadline with the right object.
 """

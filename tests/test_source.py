@@ -253,7 +253,7 @@ def test_a_second_query_on_the_same_group_is_refused(spark, nats_server, make_st
 def test_a_member_consumer_changed_by_another_client_is_named_with_the_changed_fields(
     spark, nats_server, api, make_stream, tmp_path
 ):
-    """What a pcgroups member joining the group does to a member consumer (issue 17): the next batch
+    """What a pcgroups member joining the group does to a member consumer: the next batch
     is refused, naming the consumer and each field, old -> new."""
     stream = make_stream(500, partitions=2)
     query = noop_query(spark, nats_server.url, stream, tmp_path / "cp")

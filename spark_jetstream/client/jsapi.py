@@ -18,17 +18,12 @@ from typing import Any
 from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from spark_jetstream.client.connection import (
-    CLUSTER_BUSY_CODES,
-    JETSTREAM_ELECTING,
-    JETSTREAM_UP,
-    Connection,
-    NoAnswerError,
-)
+from spark_jetstream.client import retry
+from spark_jetstream.client.connection import CLUSTER_BUSY_CODES, JETSTREAM_UP, Connection
 from spark_jetstream.client.protocol import header_fields
+from spark_jetstream.client.retry import Retry
 from spark_jetstream.errors import (
     ApiError,
-    ClusterUnavailableError,
     ConnectError,
     ConsumerNotFoundError,
     StreamNotFoundError,
@@ -146,58 +141,50 @@ class JetStreamApi:
         stream: str = "",
         consumer: str = "",
     ) -> dict[str, Any]:
-        """One API request with a JSON body; errors become the connector's exceptions.
+        """One API request with a JSON body, through the one retry layer (``retry.request``); errors become the
+        connector's exceptions.
 
-        The one retry layer of the API, within one deadline (the connection's API timeout): timeouts
-        are retried by the request; here, a stream's or consumer's request that got no answer or no
-        responders (no leader, as long as the meta leader lists it) and answers that only mean "no leader right now"
-        (``CLUSTER_BUSY_CODES``, ``ASSET_OFFLINE_CODES``) are retried, and a "not found" is
-        believed only once the meta leader confirms it (``_missing``): during an election, and from
-        a server still replaying its store after a restart, the API answers "not found" for streams
-        and consumers that exist (measured, docs/DESIGN.md section 10). If the names cannot be asked
-        but JetStream answers, a not-found that lasts ``NOT_FOUND_GRACE`` is believed.
+        Answers that only mean "no leader right now" (``CLUSTER_BUSY_CODES``, ``ASSET_OFFLINE_CODES``) are asked
+        again, and so is a stream's or consumer's request that got no answer or no responders; a "not found" is
+        believed only once the meta leader confirms it (``_missing``): during an election, and from a server still
+        replaying its store after a restart, the API answers "not found" for streams and consumers that exist. If
+        the names cannot be asked but JetStream answers, a not-found that lasts ``NOT_FOUND_GRACE`` is believed.
         """
-        payload = json.dumps(body).encode() if body is not None else b""
-        subject = self.subject(*tokens)
-        asset = describe_asset(stream, consumer)
         loop = asyncio.get_running_loop()
-        timeout = self.conn.api_timeout
-        deadline = loop.time() + timeout
+        deadline = loop.time() + self.conn.api_timeout
         unconfirmed = 0.0  # when a not-found that the meta leader could not confirm was first seen
-        delay = 0.1
-        while True:
+
+        async def answer(raw: bytes) -> dict[str, Any]:
+            nonlocal unconfirmed
             try:
-                remaining = max(0.05, deadline - loop.time())
-                raw = await self.conn.request_async(subject, payload, remaining, asset, unanswered_error=bool(stream))
                 return self.decode(raw, what, stream, consumer)
-            except NoAnswerError as exc:  # no leader now (RESET is served by the leader alone), or no such thing
-                confirmed, _ = await self._missing(stream, consumer, deadline)
-                if confirmed is not None:
-                    raise confirmed from None
-                why = str(exc)
             except (StreamNotFoundError, ConsumerNotFoundError) as exc:
                 confirmed, answered = await self._missing(stream, consumer, deadline)
                 if confirmed is not None:
                     raise confirmed from None
                 if answered:  # the meta leader lists it: a server still recovering answered
-                    unconfirmed, why = 0.0, "a server answered 'not found' although the meta leader lists it"
-                else:
-                    unconfirmed = unconfirmed or loop.time()
-                    why = "a server answered 'not found' and no meta leader answered to confirm it"
-                    if (
-                        loop.time() - unconfirmed >= NOT_FOUND_GRACE
-                        and await self.conn.jetstream_state(0.5) == JETSTREAM_UP
-                    ):
-                        raise exc from None  # the names cannot be asked (permissions?), but JetStream has its leader
+                    unconfirmed = 0.0
+                    raise Retry("a server answered 'not found' although the meta leader lists it") from None
+                unconfirmed = unconfirmed or loop.time()
+                lasted = loop.time() - unconfirmed >= NOT_FOUND_GRACE
+                if lasted and await self.conn.jetstream_state(0.5) == JETSTREAM_UP:
+                    raise exc from None  # the names cannot be asked (permissions?), but JetStream has its leader
+                raise Retry("a server answered 'not found' and no meta leader answered to confirm it") from None
             except ApiError as exc:
-                if exc.err_code not in CLUSTER_BUSY_CODES | ASSET_OFFLINE_CODES:
-                    raise
-                why = str(exc)
-            if loop.time() + delay >= deadline:
-                raise ClusterUnavailableError(await self._gave_up(asset or subject, timeout, why))
-            log.debug("Retrying %s: %s", subject, why)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+                if exc.err_code in CLUSTER_BUSY_CODES | ASSET_OFFLINE_CODES:
+                    raise Retry(str(exc)) from None
+                raise
+
+        async def unanswered() -> None:  # no leader now (RESET is served by the leader alone), or no such thing
+            confirmed, _ = await self._missing(stream, consumer, deadline)
+            if confirmed is not None:
+                raise confirmed from None
+
+        payload = json.dumps(body).encode() if body is not None else b""
+        asset = describe_asset(stream, consumer)
+        return await retry.request(
+            self.conn, self.subject(*tokens), payload, asset, answer, unanswered if stream else None
+        )
 
     async def _missing(
         self, stream: str, consumer: str, deadline: float
@@ -237,20 +224,6 @@ class JetStreamApi:
             offset += len(names)
             if not names or offset >= reply.get("total", 0):
                 return False
-
-    async def _gave_up(self, asset: str, timeout: float, why: str) -> str:
-        """The deadline's message: what was happening, never advice to re-create anything."""
-        state = await self.conn.jetstream_state(timeout=0.5)
-        if state == JETSTREAM_ELECTING:
-            return (
-                f"The JetStream meta leader is being elected: the cluster did not answer for {asset} within "
-                f"{timeout:g}s (last: {why}). Check that a majority of the servers is up "
-                "(`nats server report jetstream`); the query can be restarted once it is."
-            )
-        return (
-            f"The leader of {asset} changed and no new leader answered within {timeout:g}s (last: {why}). Check "
-            "that a majority of its replicas is up (`nats stream info` / `nats consumer info`)."
-        )
 
     # -- streams -----------------------------------------------------------------------------
 

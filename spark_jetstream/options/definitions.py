@@ -324,9 +324,9 @@ OPTIONS: tuple[Option, ...] = (
         parse_ack_policy,
         "explicit",
         "The member consumers' ack policy. `none` (Limits-retention streams only) spares the server tracking "
-        "every delivered message until the commit, for about 1.3x faster reads from file-backed streams; the "
-        "commit still sets every ack floor to the checkpoint, but while a batch is read the floor runs ahead "
-        "of it (see Guarantees).",
+        "every delivered message until the commit, for about 1.3x faster pulled reads (`readMode=pull`) from "
+        "file-backed streams; the commit still sets every ack floor to the checkpoint, but while a batch is read "
+        "the floor runs ahead of it (see Guarantees).",
         frozenset({STREAM}),
         "read",
     ),

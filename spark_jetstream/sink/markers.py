@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 
+from spark_jetstream.client import retry
 from spark_jetstream.client.connection import Connection, ConnectionOptions
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.kv import get_entry, key_value
@@ -49,7 +50,7 @@ def write_marker(conn: Connection, bucket: str, key: str, batch_id: int) -> None
     """Record ``batch_id`` under ``key``: a publish to the bucket's subject, failing unless the stream acks it."""
     subject = f"$KV.{bucket}.{key}"
     try:
-        raw = conn.run(conn.request_async(subject, str(batch_id).encode(), conn.api_timeout))
+        raw = conn.run(retry.request(conn, subject, str(batch_id).encode()))
     except ClusterUnavailableError:
         raise  # an election that outlasted the deadline: its message says so
     except ConnectError as exc:

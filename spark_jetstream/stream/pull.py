@@ -312,8 +312,8 @@ class _PinnedPull:
         self._pull()
 
     async def _api(self, call: Awaitable[T]) -> T:
-        """An API call of the recovery. ``jsapi.call_async`` is the one retry layer: it already rides
-        through leader changes within the connection's API deadline, so what it gives up with
+        """An API call of the recovery. API calls go through the one retry layer (``client.retry``): they already
+        ride through leader changes within the connection's API deadline, so what it gives up with
         (``ClusterUnavailableError``, a lost connection) is final here and becomes a ``ReaderError``
         naming the consumer. A missing stream or consumer, and any other API error, keep their own error.
         """

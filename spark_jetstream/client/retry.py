@@ -1,0 +1,169 @@
+"""The one retry layer: a request asked again, with backoff, until it is answered or the deadline passes.
+
+A restarting server, a reconnect and a JetStream leader election heal within the deadline (the connection's API
+timeout: a raft election takes 4-9 s after a crash); a wrong domain, a stream or consumer the meta leader says is
+gone, and a bad request do not, and fail at once with their own errors. At the deadline the one give-up message
+says what was happening meanwhile (an election, a missing leader, a lost connection), never "re-create it".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from nats.errors import ConnectionClosedError, NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from spark_jetstream.client.connection import (
+    ATTEMPT_TIMEOUT,
+    DISCONNECTED,
+    JETSTREAM_ABSENT,
+    JETSTREAM_ELECTING,
+    JETSTREAM_UP,
+)
+from spark_jetstream.errors import ClusterUnavailableError, ConnectError
+
+if TYPE_CHECKING:
+    from spark_jetstream.client.connection import Connection
+
+T = TypeVar("T")
+
+_WATCH_INTERVAL = 1.0
+"""Seconds between looks at JetStream while a request keeps failing (what the give-up message says)."""
+
+
+class Retry(Exception):  # noqa: N818: a signal, not a failure
+    """Raised by a request's ``answer``: the answer only means "not now" (no leader right now), ask again."""
+
+
+async def request(
+    conn: Connection,
+    subject: str,
+    payload: bytes,
+    asset: str = "",
+    answer: Callable[[bytes], Awaitable[T]] | None = None,
+    unanswered: Callable[[], Awaitable[None]] | None = None,
+    timeout: float | None = None,
+) -> T | bytes:
+    """Ask ``subject`` until it is answered, for up to ``timeout`` (default: the connection's API timeout).
+
+    ``answer(data)`` turns a reply into the result, or raises ``Retry`` (ask again) or a final error; without it
+    the reply's bytes are the result. ``unanswered()`` runs after an attempt that timed out, or found no
+    responders while JetStream answers: a stream's or consumer's leader is missing, or the thing is gone, which
+    it raises as a final error once confirmed. No responders from JetStream itself as well means a wrong domain
+    or no JetStream, and a publish (not an API subject) that no stream takes is refused too, both after the
+    connect timeout. ``asset`` ("consumer 'c' on stream 's'") names what the give-up message talks about.
+    """
+    loop = asyncio.get_running_loop()
+    timeout = conn.api_timeout if timeout is None else timeout
+    deadline = loop.time() + timeout
+    responder_deadline = loop.time() + min(timeout, conn.options.connect_timeout)  # a wrong domain: sooner
+    watch = _ClusterWatch(conn, subject)
+    delay = 0.05
+    try:
+        while True:
+            attempt = max(0.05, min(deadline - loop.time(), ATTEMPT_TIMEOUT))
+            try:
+                reply = await conn.client.request(subject, payload, timeout=attempt)
+                return reply.data if answer is None else await answer(reply.data)
+            except Retry as exc:
+                watch.saw(str(exc))
+            except NoRespondersError:
+                watch.saw("no responders")
+                if unanswered is not None and watch.jetstream == JETSTREAM_UP:
+                    await unanswered()
+                elif loop.time() + delay < responder_deadline:
+                    pass
+                elif watch.jetstream == JETSTREAM_ABSENT:
+                    raise ConnectError(
+                        f"No responder for {subject} on {conn.server_url}: is JetStream enabled, and is the "
+                        f"domain option right (now {conn.options.domain or 'none'})?"
+                    ) from None
+                elif watch.jetstream == JETSTREAM_UP and not subject.startswith(f"{conn.options.api_prefix}."):
+                    raise ConnectError(
+                        f"No stream answered {subject} on {conn.server_url} within "
+                        f"{conn.options.connect_timeout:g}s although JetStream answers: no stream captures that "
+                        "subject, or its stream's leader is being elected."
+                    ) from None
+            except NatsTimeoutError:
+                watch.saw("timeout")
+                if unanswered is not None:
+                    await unanswered()
+            except ConnectionClosedError:
+                raise ConnectError(f"The connection to {conn.server_url} is closed.") from None
+            if loop.time() + delay >= deadline:
+                raise ClusterUnavailableError(await watch.explain(timeout, asset))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+    finally:
+        watch.close()
+
+
+class _ClusterWatch:
+    """What a failing request met, and what JetStream looked like meanwhile: the give-up message says what was
+    happening (an election, a missing leader, a reconnect) instead of "is the server up?".
+
+    The look at JetStream runs beside the retries (at most one at a time, one per ``_WATCH_INTERVAL``), so it
+    never takes time from them.
+    """
+
+    def __init__(self, conn: Connection, subject: str) -> None:
+        self.conn = conn
+        self.subject = subject
+        self.seen: dict[str, int] = {}
+        self.jetstream = ""
+        self._look: asyncio.Task[str] | None = None
+        self._looked_at = 0.0
+
+    def saw(self, what: str) -> None:
+        self.seen[what] = self.seen.get(what, 0) + 1
+        if self.subject == f"{self.conn.options.api_prefix}.INFO":
+            self.jetstream = JETSTREAM_ABSENT if what == "no responders" else JETSTREAM_ELECTING
+            return
+        self.update()
+
+    def update(self) -> None:
+        """Take the last look's result and start the next one if it is time."""
+        loop = asyncio.get_running_loop()
+        if self._look is not None and self._look.done():
+            if not self._look.cancelled() and self._look.exception() is None:
+                self.jetstream = self._look.result()
+            self._look = None
+        if self._look is None and loop.time() - self._looked_at >= _WATCH_INTERVAL:
+            self._looked_at = loop.time()
+            self._look = loop.create_task(self.conn.jetstream_state())
+
+    def close(self) -> None:
+        if self._look is not None:
+            self._look.cancel()
+
+    async def explain(self, timeout: float, asset: str) -> str:
+        """The give-up message, from a last look at JetStream: the actionable sentence first. A request about a
+        named stream or consumer (``asset``) that JetStream answers around has lost its leader."""
+        named, asset = bool(asset), asset or self.subject
+        self.close()
+        if self.subject != f"{self.conn.options.api_prefix}.INFO":
+            self.jetstream = await self.conn.jetstream_state(0.5)
+        seen = ", ".join(f"{what} x{count}" for what, count in self.seen.items())
+        within = f"within {timeout:g}s"
+        if self.jetstream == DISCONNECTED or not self.conn.client.is_connected:
+            return (
+                f"The connection to NATS ({self.conn.options.shown_servers}) was down and did not come back "
+                f"{within} while asking about {asset}: check that the servers are running ({seen})."
+            )
+        if self.jetstream == JETSTREAM_ELECTING:
+            return (
+                f"The JetStream meta leader is being elected: no server answered about {asset} {within} "
+                f"({seen}). The cluster lost its meta leader (a server stopped or restarted) and no new one was "
+                "elected in time; check that a majority of the servers is up (`nats server report jetstream`)."
+            )
+        if self.jetstream == JETSTREAM_UP and (named or set(self.seen) != {"timeout"}):
+            return (
+                f"The leader of {asset} changed and no new leader answered {within} ({seen}); JetStream itself "
+                "answers. Check that a majority of its replicas is up (`nats stream info` / `nats consumer info`)."
+            )
+        return (
+            f"{self.subject} got no answer from {self.conn.server_url} {within} ({seen}): is the server up, or is "
+            "a JetStream leader election under way?"
+        )
