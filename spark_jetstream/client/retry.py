@@ -33,7 +33,7 @@ _WATCH_INTERVAL = 1.0
 """Seconds between looks at JetStream while a request keeps failing (what the give-up message says)."""
 
 
-class Retry(Exception):  # noqa: N818
+class Retry(Exception):
     """Raised by a request's ``answer``: the answer only means "not now" (no leader right now), ask again. A
     signal, not a failure: hence no ``Error`` in its name."""
 
