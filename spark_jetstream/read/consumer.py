@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from spark_jetstream.client.connection import Connection
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.client.protocol import STATUS_PREFIX, BulkHandler, status_of
+from spark_jetstream.client.protocol import STATUS_PREFIX, BulkHandler, deliveries_handler, status_of
 from spark_jetstream.errors import ApiError, ConnectError, ConsumerNotFoundError, ReaderError, StreamNotFoundError
 from spark_jetstream.read.ranges import SeqRange
 from spark_jetstream.read.rows import RowBatches, RowBuffer
@@ -50,8 +50,6 @@ _MAX_BEHIND = 10
 """Confirmations in a row (each after a pull expired empty) that the leader holds more than the consumer delivers."""
 _CONSUMER_GONE = ("Consumer Deleted", "Leadership Change", "Server Shutdown")
 """409 statuses after which the read goes on with a new consumer (503: there is none, or it has no server)."""
-_ACK_PREFIX = b"$JS.ACK."
-_VERBS = (b"MSG", b"HMSG")  # a delivery's protocol line without and with headers
 
 
 def check_consumer_reads(stream: str, stream_config: dict[str, Any]) -> None:
@@ -273,61 +271,30 @@ class _ConsumerRead:
     # -- what arrives (loop thread) ----------------------------------------------------------
 
     def _bulk(self, sid: int) -> BulkHandler:
-        """Bulk handler of the pull inbox: consecutive deliveries straight from the read buffer into the rows. It
-        stops at anything that is not a delivery (a status goes to ``_on_message``) and at an incomplete message."""
-        own = b"%d" % sid
+        """Bulk handler of the pull inbox (``protocol.deliveries_handler``): deliveries straight into the rows."""
+        return deliveries_handler(sid, self._deliver, self._counted)
 
-        def take(buf: bytearray, view: memoryview, pos: int) -> int:
-            end_seq, batches = self.range.end, self.batches
-            taken = 0
-            while True:
-                eol = buf.find(b"\r\n", pos)
-                if eol < 0:
-                    break
-                # HMSG <subject> <sid> <reply> <header size> <size> / MSG <subject> <sid> <reply> <size>
-                args = bytes(view[pos:eol]).split()
-                headed = len(args) == 6
-                if (len(args) != 5 and not headed) or args[0] != _VERBS[headed] or args[2] != own:
-                    break
-                if not args[3].startswith(_ACK_PREFIX):
-                    break
-                try:
-                    header_size, size = (int(args[4]), int(args[5])) if headed else (0, int(args[4]))
-                except ValueError:
-                    break  # malformed: the parser reports it
-                start = eol + 2
-                end = start + size
-                if end + 2 > len(buf) or not 0 <= header_size <= size:
-                    break
-                pos = end + 2
-                taken += 1
-                if self.done:
-                    continue
-                # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>, or the 11+ token form with
-                # domain and account hash after "$JS.ACK."
-                tokens = args[3].split(b".")
-                base = 2 if len(tokens) >= 11 else 0
-                seq = int(tokens[5 + base])
-                if seq <= self.last:
-                    continue  # from a consumer made before the last recovery
-                if seq > end_seq:
-                    self._finish()
-                    continue
-                headers = bytes(view[start : start + header_size]) if headed and batches.keep_headers else None
-                batches.add(args[1], view[start + header_size : end], seq, int(tokens[7 + base]), headers)
-                self.last = seq
-                if seq == end_seq:
-                    self._finish()
-                elif tokens[8 + base] == b"0":
-                    self.confirm = True  # nothing more right now: the leader says whether that is the end
-            if taken:
-                self.heard += taken
-                self.recoveries = self.behind = 0
-                self._delivered(taken)
-                self.wakeup.set()
-            return pos
+    def _deliver(
+        self, subject: bytes, payload: memoryview, seq: int, stamp: int, headers: memoryview | None, drained: bool
+    ) -> None:
+        if self.done or seq <= self.last:  # done, or from a consumer made before the last recovery
+            return
+        if seq > self.range.end:
+            self._finish()
+            return
+        batches = self.batches
+        batches.add(subject, payload, seq, stamp, bytes(headers) if headers and batches.keep_headers else None)
+        self.last = seq
+        if seq == self.range.end:
+            self._finish()
+        elif drained:
+            self.confirm = True  # nothing more right now: the leader says whether that is the end
 
-        return take
+    def _counted(self, taken: int) -> None:
+        self.heard += taken
+        self.recoveries = self.behind = 0
+        self._delivered(taken)
+        self.wakeup.set()
 
     def _on_message(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         """What the bulk handler leaves on the pull inbox: statuses (loop thread)."""
