@@ -252,6 +252,8 @@ class Coordinator:
                 record_batch_bytes=self.config.pull.record_batch_bytes,
             )
             firsts = first_seqs(self.conn, self.stream, filters, start.seq, end.seq)
+            if self.pins is not None:
+                self.pins.settle(FLOOR_WAIT)
             return spread(split(template, firsts, filters, end.seq - start.seq), self.config.min_partitions)
         return [
             MemberRange(

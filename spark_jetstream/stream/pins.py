@@ -57,6 +57,7 @@ class PinKeeper:
         self.pins: dict[str, str] = {}  # consumer -> the pin id this query holds
         # per consumer, takings of its pin (by a delivery) started plus ended: odd while one runs
         self.takes: dict[str, int] = {}
+        self.undoing: set[str] = set()  # consumers whose pin came with a delivery not yet reset away
         self.error: JetStreamError | None = None
         self._task: asyncio.Future[None] | None = None
 
@@ -80,6 +81,19 @@ class PinKeeper:
 
         with contextlib.suppress(Exception):  # stopping: a server that is gone lets the pins lapse
             self.conn.run(release(), timeout=5)
+
+    def settle(self, timeout: float) -> None:
+        """Wait, at most ``timeout``, until no pin's taking delivery waits to be reset away: with
+        ``ackPolicy=none`` that delivery moved the consumer's ack floor, which must equal the checkpoint
+        again before a batch goes to Spark."""
+
+        async def settled() -> None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while self.undoing and loop.time() < deadline:
+                await asyncio.sleep(0.01)
+
+        self.conn.run(settled())
 
     def raise_error(self) -> None:
         """Fail the query's current call when another client was found on a member consumer."""
@@ -149,9 +163,11 @@ class PinKeeper:
             status, pin = await self._pull(consumer, {"batch": 1, "expires": int(_TAKE_WAIT * _NS)})
             if pin is None:
                 return  # nothing to deliver yet, or another client is pinned (the check finds out)
+            self.undoing.add(consumer)
             async with self.members.locks[consumer]:  # not during a RESET of the commit's, and to the floor it set
                 await self._undo_delivery(consumer)
         finally:
+            self.undoing.discard(consumer)
             self.takes[consumer] += 1
         self.pins[consumer] = pin
         log.info("Holding the pin of member consumer %s (%s)", consumer, status)
