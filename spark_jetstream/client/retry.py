@@ -45,9 +45,8 @@ async def request(
     asset: str = "",
     answer: Callable[[bytes], Awaitable[T]] | None = None,
     unanswered: Callable[[], Awaitable[None]] | None = None,
-    timeout: float | None = None,
 ) -> T | bytes:
-    """Ask ``subject`` until it is answered, for up to ``timeout`` (default: the connection's API timeout).
+    """Ask ``subject`` until it is answered, for up to the connection's API timeout.
 
     ``answer(data)`` turns a reply into the result, or raises ``Retry`` (ask again) or a final error; without it
     the reply's bytes are the result. ``unanswered()`` runs after an attempt that timed out, or found no
@@ -57,7 +56,7 @@ async def request(
     connect timeout. ``asset`` ("consumer 'c' on stream 's'") names what the give-up message talks about.
     """
     loop = asyncio.get_running_loop()
-    timeout = conn.api_timeout if timeout is None else timeout
+    timeout = conn.api_timeout
     deadline = loop.time() + timeout
     responder_deadline = loop.time() + min(timeout, conn.options.connect_timeout)  # a wrong domain: sooner
     watch = _ClusterWatch(conn, subject)

@@ -93,7 +93,8 @@ class PinKeeper:
             while self.undoing and loop.time() < deadline:
                 await asyncio.sleep(0.01)
 
-        self.conn.run(settled())
+        if self.undoing:  # read without the loop: the common case (nothing to wait for) costs no round trip
+            self.conn.run(settled())
 
     def raise_error(self) -> None:
         """Fail the query's current call when another client was found on a member consumer."""
