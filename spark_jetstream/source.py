@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 from spark_jetstream.options import LOAD, parse_options
 from spark_jetstream.read.row_schema import spark_schema_ddl
 from spark_jetstream.spark_compat import STREAM_READER_BASES, DataSource, InputPartition, read_limit
-from spark_jetstream.stream.config import SourceConfig
-from spark_jetstream.stream.offsets import Watermark
-from spark_jetstream.stream.planning import Limits
+from spark_jetstream.streaming.config import SourceConfig
+from spark_jetstream.streaming.offsets import Watermark
+from spark_jetstream.streaming.planning import Limits
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from spark_jetstream.read.batch import JetStreamBatchReader
     from spark_jetstream.sink.writer import JetStreamBatchWriter, JetStreamStreamWriter
-    from spark_jetstream.stream.coordinator import Coordinator
+    from spark_jetstream.streaming.coordinator import Coordinator
 
 
 class JetStreamDataSource(DataSource):
@@ -93,7 +93,7 @@ class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
     @property
     def coordinator(self) -> Coordinator:
         if self._coordinator is None:
-            from spark_jetstream.stream.coordinator import Coordinator
+            from spark_jetstream.streaming.coordinator import Coordinator
 
             self._coordinator = Coordinator(self.config)
         return self._coordinator
@@ -150,7 +150,7 @@ class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
         else:
             from pyspark import TaskContext
 
-            from spark_jetstream.stream.pull import read_member
+            from spark_jetstream.streaming.pull import read_member
 
             context = TaskContext.get()  # a retry or a speculative copy must fence the attempt before it
             first = context is None or context.attemptNumber() == 0

@@ -11,7 +11,7 @@ from helpers import query_not_failed, slow_parquet_query, wait_for
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.groups.layout import member_consumer_config, partition_filters, partitioned_stream_config
 from spark_jetstream.read.ranges import MemberRange
-from spark_jetstream.stream.pull import PullSettings, read_member
+from spark_jetstream.streaming.pull import PullSettings, read_member
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "spark_jetstream"
 
-LAYERS = ("errors", "client", "options", "groups", "spark_compat", "read", "stream", "sink", "source", "tools")
+LAYERS = ("errors", "client", "options", "groups", "spark_compat", "read", "streaming", "sink", "source", "tools")
 """The package's parts from the bottom up: each imports only its own layer and the ones before it. ``client`` is
 the NATS and JetStream I/O, usable (and tested) without Spark or the option table; ``tools`` (CLI, demo, embedded
 servers) sit on top, and nothing imports them."""
@@ -127,7 +127,7 @@ def test_looking_the_source_up_and_planning_import_no_client():
         "source = pyspark_jetstream.DefaultSource({'servers': 'nats://localhost:4222', 'stream': 'S', 'group': 'g'})\n"
         "source.schema()\n"
         "reader = pickle.loads(pickle.dumps(source.streamReader(None)))\n"
-        "heavy = ('nats', 'pyarrow', 'spark_jetstream.client.connection', 'spark_jetstream.stream.coordinator')\n"
+        "heavy = ('nats', 'pyarrow', 'spark_jetstream.client.connection', 'spark_jetstream.streaming.coordinator')\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
     result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)

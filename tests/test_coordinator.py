@@ -15,10 +15,10 @@ from spark_jetstream.client.publish import publish_all
 from spark_jetstream.errors import GroupConfigError
 from spark_jetstream.groups.layout import partitioned_stream_config
 from spark_jetstream.options import parse_connection_options
-from spark_jetstream.stream.config import SourceConfig
-from spark_jetstream.stream.coordinator import Coordinator
-from spark_jetstream.stream.offsets import Watermark
-from spark_jetstream.stream.planning import Limits
+from spark_jetstream.streaming.config import SourceConfig
+from spark_jetstream.streaming.coordinator import Coordinator
+from spark_jetstream.streaming.offsets import Watermark
+from spark_jetstream.streaming.planning import Limits
 from spark_jetstream.tools.embedded import EmbeddedServer
 
 

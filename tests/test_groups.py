@@ -12,8 +12,8 @@ from spark_jetstream.client.publish import publish_all
 from spark_jetstream.errors import GroupConfigError
 from spark_jetstream.groups.admin import change_members, create_group, delete_group, load_group, status
 from spark_jetstream.groups.layout import GroupConfig, PartitioningFilter, layout_from_config, work_stream_name
-from spark_jetstream.stream.config import SourceConfig
-from spark_jetstream.stream.coordinator import Coordinator
+from spark_jetstream.streaming.config import SourceConfig
+from spark_jetstream.streaming.coordinator import Coordinator
 
 
 def test_pcgroups_json_round_trips_and_validation_names_the_problem():

@@ -19,8 +19,8 @@ from spark_jetstream.read.consumer import read_by_consumer
 from spark_jetstream.read.direct import read_range
 from spark_jetstream.read.mode import PULL
 from spark_jetstream.read.ranges import MemberRange, SeqRange
-from spark_jetstream.stream.config import PullSettings
-from spark_jetstream.stream.pull import read_member
+from spark_jetstream.streaming.config import PullSettings
+from spark_jetstream.streaming.pull import read_member
 
 pytestmark = pytest.mark.slow
 

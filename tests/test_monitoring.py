@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from helpers import ack_floors, reader, wait_for
 
-from spark_jetstream.stream.offsets import committed_offset
+from spark_jetstream.streaming.offsets import committed_offset
 from spark_jetstream.tools.monitoring import JetStreamLagListener
 
 

@@ -19,7 +19,7 @@ from spark_jetstream.options import (
     parse_duration,
     parse_options,
 )
-from spark_jetstream.stream.pull import PullSettings
+from spark_jetstream.streaming.pull import PullSettings
 
 
 @pytest.mark.parametrize(

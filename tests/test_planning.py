@@ -13,8 +13,8 @@ from spark_jetstream.errors import OptionError
 from spark_jetstream.groups.layout import balanced_mapping
 from spark_jetstream.read.direct import spread
 from spark_jetstream.read.ranges import SeqRange
-from spark_jetstream.stream.offsets import Watermark
-from spark_jetstream.stream.planning import Limits, batch_end
+from spark_jetstream.streaming.offsets import Watermark
+from spark_jetstream.streaming.planning import Limits, batch_end
 
 
 def test_no_limit_reads_everything_and_nothing_new_means_no_batch():

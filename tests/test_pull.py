@@ -21,7 +21,7 @@ from spark_jetstream.errors import ConsumerNotFoundError, FencedError, ReaderErr
 from spark_jetstream.groups.layout import member_consumer_config, partition_filters
 from spark_jetstream.options import ACK_POLICIES
 from spark_jetstream.read.ranges import MemberRange
-from spark_jetstream.stream.pull import PullSettings, _PinnedPull, read_member
+from spark_jetstream.streaming.pull import PullSettings, _PinnedPull, read_member
 
 SMALL = PullSettings(batch=50, in_flight=3, expires=2.0, idle_heartbeat=0.5, record_batch_size=70)
 

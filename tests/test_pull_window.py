@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from spark_jetstream.stream.pull import PullSettings
-from spark_jetstream.stream.pull_window import PullWindow
+from spark_jetstream.streaming.pull import PullSettings
+from spark_jetstream.streaming.pull_window import PullWindow
 
 SETTINGS = PullSettings(batch=100, in_flight=3, expires=2.0, idle_heartbeat=1.0, record_batch_size=1000, max_bytes=4096)
 NOTHING_BUFFERED = (0, 0)

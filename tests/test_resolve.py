@@ -11,8 +11,8 @@ from spark_jetstream.errors import DataLossError, GroupConfigError
 from spark_jetstream.groups.admin import group_layout, status
 from spark_jetstream.groups.layout import member_consumer_config
 from spark_jetstream.read.batch import BatchConfig, plan
-from spark_jetstream.stream.config import SourceConfig
-from spark_jetstream.stream.coordinator import Coordinator
+from spark_jetstream.streaming.config import SourceConfig
+from spark_jetstream.streaming.coordinator import Coordinator
 
 pytestmark = pytest.mark.slow
 

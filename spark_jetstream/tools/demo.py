@@ -39,7 +39,7 @@ from spark_jetstream.errors import ConsumerNotFoundError, JetStreamError, Stream
 from spark_jetstream.groups.admin import status
 from spark_jetstream.groups.layout import partitioned_stream_config
 from spark_jetstream.options import parse_connection_options
-from spark_jetstream.stream.offsets import committed_offset, planned_offset
+from spark_jetstream.streaming.offsets import committed_offset, planned_offset
 from spark_jetstream.tools.embedded import EmbeddedServer
 from spark_jetstream.tools.monitoring import BatchProgress, JetStreamLagListener, batch_progress
 

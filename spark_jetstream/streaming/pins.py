@@ -35,7 +35,7 @@ from spark_jetstream.errors import (
     JetStreamError,
     ReaderError,
 )
-from spark_jetstream.stream.member_consumers import MemberConsumers
+from spark_jetstream.streaming.member_consumers import MemberConsumers
 
 log = logging.getLogger(__name__)
 

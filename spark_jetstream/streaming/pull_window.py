@@ -13,7 +13,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from spark_jetstream.stream.config import PullSettings
+    from spark_jetstream.streaming.config import PullSettings
 
 _NS = 1_000_000_000
 

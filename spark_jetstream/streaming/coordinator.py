@@ -24,13 +24,13 @@ from spark_jetstream.read.direct import first_seqs, split, spread
 from spark_jetstream.read.mode import DIRECT, PULL, choose_read_mode
 from spark_jetstream.read.ranges import MemberRange, SeqRange
 from spark_jetstream.read.start import check_data_loss, start_after
-from spark_jetstream.stream.config import SourceConfig
-from spark_jetstream.stream.faults import fault_point
-from spark_jetstream.stream.member_consumers import MemberConsumers, check_ack_policy
-from spark_jetstream.stream.offsets import Watermark
-from spark_jetstream.stream.ownership import GroupClaim, describe_this_process
-from spark_jetstream.stream.pins import PinKeeper
-from spark_jetstream.stream.planning import Limits, batch_end
+from spark_jetstream.streaming.config import SourceConfig
+from spark_jetstream.streaming.faults import fault_point
+from spark_jetstream.streaming.member_consumers import MemberConsumers, check_ack_policy
+from spark_jetstream.streaming.offsets import Watermark
+from spark_jetstream.streaming.ownership import GroupClaim, describe_this_process
+from spark_jetstream.streaming.pins import PinKeeper
+from spark_jetstream.streaming.planning import Limits, batch_end
 
 log = logging.getLogger(__name__)
 

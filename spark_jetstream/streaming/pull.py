@@ -30,9 +30,9 @@ from spark_jetstream.client.protocol import STATUS_PREFIX, status_of
 from spark_jetstream.errors import ApiError, ConnectError, FencedError, JetStreamError, ReaderError
 from spark_jetstream.read.ranges import MemberRange
 from spark_jetstream.read.rows import RowBuffer
-from spark_jetstream.stream.config import PullSettings
-from spark_jetstream.stream.deliveries import Deliveries
-from spark_jetstream.stream.pull_window import PullWindow
+from spark_jetstream.streaming.config import PullSettings
+from spark_jetstream.streaming.deliveries import Deliveries
+from spark_jetstream.streaming.pull_window import PullWindow
 
 log = logging.getLogger(__name__)
 

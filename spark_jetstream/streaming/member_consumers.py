@@ -27,7 +27,7 @@ from spark_jetstream.errors import (
 from spark_jetstream.groups.layout import GroupLayout
 from spark_jetstream.options import ACK_POLICIES, DEFAULT_PRIORITY_TIMEOUT
 from spark_jetstream.read.start import member_infos
-from spark_jetstream.stream.faults import fault_point
+from spark_jetstream.streaming.faults import fault_point
 
 log = logging.getLogger(__name__)
 

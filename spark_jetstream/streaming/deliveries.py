@@ -17,7 +17,7 @@ from spark_jetstream.read.rows import RowBatches, RowBuffer
 
 if TYPE_CHECKING:
     from spark_jetstream.read.ranges import MemberRange
-    from spark_jetstream.stream.config import PullSettings
+    from spark_jetstream.streaming.config import PullSettings
 
 
 class Deliveries:
