@@ -6,7 +6,7 @@ stream partitioned ``--partitions`` ways, creates one pinned member consumer per
 (group ``bench``), and then drains every member over the whole stream, one member after the
 other, with two contenders taking turns ``--repeat`` times on the same consumers and data:
 
-* ``connector``: ``spark_jetstream.stream.pull.read_member`` with default ``PullSettings``, counting the
+* ``connector``: ``spark_jetstream.streaming.pull.read_member`` with default ``PullSettings``, counting the
   rows of the Arrow record batches it yields (building them is part of its cost);
 * ``baseline``: the simplest raw NATS protocol pull loop on a blocking TCP socket (no nats-py):
   one ``CONSUMER.MSG.NEXT`` request of 1,000 messages at a time, carrying the pin id once known,
@@ -43,7 +43,7 @@ from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.groups.layout import member_consumer_config, partition_filters, partitioned_stream_config
 from spark_jetstream.read.ranges import MemberRange
-from spark_jetstream.stream.pull import PullSettings, read_member
+from spark_jetstream.streaming.pull import PullSettings, read_member
 from spark_jetstream.tools.embedded import EmbeddedServer
 
 TARGET_RATIO = 0.8

@@ -8,11 +8,8 @@ server's JSON, and API errors become the connector's exceptions with actionable 
 from __future__ import annotations
 
 import asyncio
-import base64
-import contextlib
 import json
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 from nats.errors import ConnectionClosedError, NoRespondersError
@@ -20,11 +17,9 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from spark_jetstream.client import retry
 from spark_jetstream.client.connection import CLUSTER_BUSY_CODES, JETSTREAM_UP, Connection
-from spark_jetstream.client.protocol import header_fields
 from spark_jetstream.client.retry import Retry
 from spark_jetstream.errors import (
     ApiError,
-    ConnectError,
     ConsumerNotFoundError,
     StreamNotFoundError,
 )
@@ -45,9 +40,6 @@ NOT_FOUND_GRACE = 2.0
 
 log = logging.getLogger(__name__)
 
-PERMISSIONS_VIOLATION = "permissions violation"
-"""What the server's ``-ERR`` for a refused publish or subscribe says (nats-py lowercases it)."""
-
 PRIORITY_GROUP = "PCG"
 """The priority group every member consumer uses (as pcgroups does)."""
 
@@ -56,17 +48,6 @@ def pin_holder(info: dict[str, Any], group: str | None = PRIORITY_GROUP) -> str 
     """The pin id a consumer's priority group holds, from its consumer info (``group`` None: whichever group)."""
     groups = info.get("priority_groups") or []
     return next((g.get("pinned_client_id") for g in groups if group is None or g.get("group") == group), None)
-
-
-@dataclass(frozen=True)
-class DirectMessage:
-    """One message returned by Direct Get."""
-
-    seq: int
-    subject: str
-    num_pending: int | None
-    data: bytes = b""
-    headers: dict[str, str] = field(default_factory=dict)
 
 
 def describe_asset(stream: str, consumer: str = "") -> str:
@@ -326,123 +307,3 @@ class JetStreamApi:
         tokens = ("CONSUMER", "RESET", stream, consumer)
         what = f"Resetting consumer {consumer!r} to seq {seq}"
         return await self.call_async(tokens, {"seq": seq}, what, stream, consumer)
-
-    # -- messages ----------------------------------------------------------------------------
-
-    async def last_message_async(self, stream: str, subject: str) -> DirectMessage | None:
-        """The last message on ``subject``, read from the stream leader (read-after-write safe)."""
-        try:
-            body = {"last_by_subj": subject}
-            reply = await self.call_async(("STREAM", "MSG", "GET", stream), body, f"Reading {subject}", stream)
-        except ApiError as exc:
-            if exc.err_code == NO_MESSAGE_FOUND:
-                return None
-            raise
-        message = reply["message"]
-        headers = dict(header_fields(base64.b64decode(message["hdrs"]))) if message.get("hdrs") else {}
-        return DirectMessage(
-            seq=message["seq"],
-            subject=message["subject"],
-            num_pending=None,
-            data=base64.b64decode(message.get("data") or ""),
-            headers=headers,
-        )
-
-    async def next_seq_async(self, stream: str, request: dict[str, Any]) -> int | None:
-        """The seq of the first message ``request`` names (``seq`` or ``start_time``, with ``next_by_subj``), read on
-        the stream leader with ``STREAM.MSG.GET``: any stream, Direct Get or not, and read-after-write safe. None
-        when no message matches."""
-        try:
-            reply = await self.call_async(("STREAM", "MSG", "GET", stream), request, f"Reading {stream!r}", stream)
-        except ApiError as exc:
-            if exc.err_code == NO_MESSAGE_FOUND:
-                return None
-            raise
-        return int(reply["message"]["seq"])
-
-    def next_seq(self, stream: str, request: dict[str, Any]) -> int | None:
-        """``next_seq_async`` from sync code."""
-        return self.conn.run(self.next_seq_async(stream, request))
-
-    def may_direct_get(self, stream: str) -> bool:
-        """Whether the NATS user may send Direct Get requests to ``stream`` (a stream that allows Direct Get).
-
-        The server does not answer a request its permissions refuse: it reports ``Permissions Violation for
-        Publish to "$JS.API.DIRECT.GET.<stream>"`` asynchronously (``-ERR``; measured: sometimes after the answer
-        to a PING sent right after the request). So one request tells: an answer (a message, or a status) means
-        allowed, the violation means refused; neither within the connect timeout counts as allowed, and the read
-        itself then says what is wrong.
-        """
-        return self.conn.run(self._may_request_async(self.subject("DIRECT", "GET", stream), b'{"seq": 1}'))
-
-    async def _may_request_async(self, subject: str, payload: bytes) -> bool:
-        client = self.conn.client
-        before = client.last_error
-        sub = await client.subscribe(client.new_inbox(), max_msgs=1)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(self.conn.options.connect_timeout, 5.0)
-        try:
-            await client.publish(subject, payload, reply=sub.subject)
-            while loop.time() < deadline:
-                error = client.last_error
-                text = str(error or "").lower()  # nats-py lowercases the server's -ERR
-                if error is not before and PERMISSIONS_VIOLATION in text and f'"{subject.lower()}"' in text:
-                    return False
-                try:
-                    await sub.next_msg(timeout=0.02)
-                    return True
-                except NatsTimeoutError:
-                    continue
-            return True
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-
-    def direct_get(self, stream: str, request: dict[str, Any]) -> DirectMessage | None:
-        """One Direct Get (``seq``/``next_by_subj``/``last_by_subj``/``start_time``); None when none matches.
-
-        With ``batch: 1`` the reply carries ``Nats-Num-Pending``: matching messages after this one.
-        """
-        return self.conn.run(self.direct_get_async(stream, request))
-
-    async def direct_get_async(self, stream: str, request: dict[str, Any]) -> DirectMessage | None:
-        subject = f"{self.prefix}.DIRECT.GET.{stream}"
-        inbox = self.conn.client.new_inbox()
-        sub = await self.conn.client.subscribe(inbox)
-        try:
-            await self.conn.client.publish(subject, json.dumps(request).encode(), reply=inbox)
-            found: DirectMessage | None = None
-            wait = max(self.conn.options.connect_timeout, 5.0)
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=wait)
-                except ConnectionClosedError:
-                    raise ConnectError(f"The connection to {self.conn.server_url} is closed.") from None
-                except NatsTimeoutError:
-                    raise ApiError(
-                        f"Direct Get on stream {stream!r} got no answer: does it allow direct "
-                        "gets (allow_direct: true)?"
-                    ) from None
-                headers = msg.headers or {}
-                status = headers.get("Status")
-                if status == "404" or status == "204":
-                    return found
-                if status == "503":
-                    raise ApiError(
-                        f"Stream {stream!r} does not answer Direct Get: enable it with allow_direct: true "
-                        "(nats stream edit --allow-direct)."
-                    )
-                if status:
-                    raise ApiError(f"Direct Get on stream {stream!r}: {status} {headers.get('Description', '')}")
-                pending = headers.get("Nats-Num-Pending")
-                found = DirectMessage(
-                    seq=int(headers["Nats-Sequence"]),
-                    subject=headers.get("Nats-Subject", ""),
-                    num_pending=int(pending) if pending is not None else None,
-                    data=msg.data,
-                    headers=dict(headers),
-                )
-                if "batch" not in request:
-                    return found
-        finally:
-            await sub.unsubscribe()

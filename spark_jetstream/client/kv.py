@@ -11,7 +11,9 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import APIError
 from nats.js.kv import KeyValue
 
-from spark_jetstream.client.jsapi import DirectMessage, JetStreamApi
+from spark_jetstream.client import messages
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.client.messages import DirectMessage
 from spark_jetstream.errors import ApiError, StreamNotFoundError
 
 
@@ -23,7 +25,7 @@ def get_entry(api: JetStreamApi, bucket: str, key: str) -> DirectMessage | None:
 async def get_entry_async(api: JetStreamApi, bucket: str, key: str) -> DirectMessage | None:
     """The live entry under ``key``: None when the bucket, the key or its value (deleted, purged) is missing."""
     try:
-        entry = await api.last_message_async(f"KV_{bucket}", f"$KV.{bucket}.{key}")
+        entry = await messages.last_message_async(api, f"KV_{bucket}", f"$KV.{bucket}.{key}")
     except StreamNotFoundError:
         return None
     if entry is None or entry.headers.get("KV-Operation") in ("DEL", "PURGE"):

@@ -10,8 +10,9 @@ import asyncio
 import logging
 from typing import Any
 
-from spark_jetstream.client.jsapi import DirectMessage, JetStreamApi
+from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.kv import get_entry_async
+from spark_jetstream.client.messages import DirectMessage
 from spark_jetstream.errors import GroupConfigError, StreamNotFoundError
 from spark_jetstream.groups.layout import (
     ELASTIC_BUCKET,

@@ -27,6 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from spark_jetstream.client import messages
 from spark_jetstream.client.connection import Connection
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.protocol import STATUS_PREFIX, BulkHandler, deliveries_handler, status_of
@@ -201,7 +202,7 @@ class _ConsumerRead:
         (the consumer's server lags, or its pending count was off): then pull on."""
         request = {"seq": self.last + 1, "next_by_subj": self.range.filter}
         try:
-            found = await self.api.next_seq_async(self.range.stream, request)
+            found = await messages.next_seq_async(self.api, self.range.stream, request)
         except ConnectError as exc:
             raise ReaderError(f"Could not finish {self.name}: {exc}") from None
         if found is None or found > self.range.end:

@@ -24,6 +24,7 @@ from dataclasses import replace
 
 import pyarrow as pa
 
+from spark_jetstream.client import messages
 from spark_jetstream.client.connection import ATTEMPT_TIMEOUT, Connection
 from spark_jetstream.client.jsapi import NO_MESSAGE_FOUND, JetStreamApi
 from spark_jetstream.client.protocol import STATUS_PREFIX, BulkHandler, status_line
@@ -60,10 +61,10 @@ def first_seqs(
     async def first(subject: str) -> int | None:
         request = {"seq": after + 1, "next_by_subj": subject}
         if not leader:
-            found = await api.direct_get_async(stream, request)
+            found = await messages.direct_get_async(api, stream, request)
             if found is not None and found.seq <= end:
                 return found.seq
-        return await api.next_seq_async(stream, request)
+        return await messages.next_seq_async(api, stream, request)
 
     async def gather() -> list[int | None]:
         return list(await asyncio.gather(*(first(subject) for subject in filters)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from spark_jetstream.client import messages
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import OptionError
 
@@ -40,7 +41,7 @@ def choose_read_mode(api: JetStreamApi, stream: str, stream_config: dict[str, An
             stream,
         )
         return PULL
-    if not api.may_direct_get(stream):
+    if not messages.may_direct_get(api, stream):
         subject = api.subject("DIRECT", "GET", stream)
         if wanted == DIRECT:
             raise OptionError(

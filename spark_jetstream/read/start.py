@@ -8,6 +8,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+from spark_jetstream.client import messages
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import DataLossError, GroupConfigError
 from spark_jetstream.groups.layout import (
@@ -21,7 +22,7 @@ def seq_at(api: JetStreamApi, stream: str, when: datetime, last_seq: int) -> int
     """The seq of the first message stored at or after ``when`` (``last_seq + 1`` if none), asked of the stream
     leader: every read mode answers a timestamp alike, with or without Direct Get."""
     stamp = when.astimezone(UTC).isoformat().replace("+00:00", "Z")
-    found = api.next_seq(stream, {"start_time": stamp, "next_by_subj": ">"})
+    found = messages.next_seq(api, stream, {"start_time": stamp, "next_by_subj": ">"})
     return found if found is not None else last_seq + 1
 
 
