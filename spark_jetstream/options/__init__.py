@@ -10,8 +10,9 @@ definitions (``default_of``, ``config_values``, ``connection_options``; ``Connec
 defaults itself and the definitions show them), the command line builds its connection flags from them,
 and the README's option tables are generated from them, so code and docs cannot drift apart.
 
-This module is what the rest of the package imports; the definitions are in ``option_definitions``,
-the rules in ``option_checks``, the tables in ``option_docs`` and the value parsers in ``option_parsers``.
+This module is what the rest of the package imports; what an option is lives in ``options/option.py``, the
+table in ``options/definitions.py``, the rules in ``options/checks.py``, the README's tables in ``options/docs.py``
+and the value parsers in ``options/parsers.py``.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from typing import Any
 
 from spark_jetstream.client.connection_options import ConnectionOptions
 from spark_jetstream.options.checks import SPARK_WRITE_OPTIONS, parse_options
-from spark_jetstream.options.definitions import ALL, BATCH, LOAD, OPTIONS, READ, STREAM, WRITE, Option, options_for
+from spark_jetstream.options.definitions import OPTIONS, options_for
 from spark_jetstream.options.docs import options_markdown
+from spark_jetstream.options.option import ALL, BATCH, LOAD, READ, STREAM, WRITE, Option
 from spark_jetstream.options.parsers import (
     ACK_POLICIES,
     DEFAULT_PRIORITY_TIMEOUT,

@@ -9,7 +9,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from spark_jetstream.errors import OptionError
-from spark_jetstream.options.definitions import BATCH, OPTIONS, READ, STREAM, WRITE, Option, options_for
+from spark_jetstream.options.definitions import OPTIONS, options_for
+from spark_jetstream.options.option import BATCH, READ, STREAM, WRITE, Option
 
 SPARK_WRITE_OPTIONS = frozenset({"checkpointlocation"})
 """Options Spark itself adds to a streaming writer's options: not ours to check."""

@@ -1,19 +1,18 @@
-"""Every option, defined once: its name, type, default, documentation, the config attribute it fills and
-the modes (streaming read, batch read, write) it belongs to.
+"""The table of every option, defined once: its name, type, default, documentation, the config attribute it
+fills and the modes (streaming read, batch read, write) it belongs to.
 
-The definitions only; ``options`` is how the rest of the package reads them (``parse_options``,
-``default_of``, ``config_values``), ``option_checks`` the rules a set of given options must follow and
-``option_docs`` the README's tables built from them.
+The table only: ``options/option.py`` is what an option is, ``options/__init__.py`` how the rest of the package
+reads them (``parse_options``, ``default_of``, ``config_values``), ``options/checks.py`` the rules a set of given
+options must follow and ``options/docs.py`` the README's tables built from them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from spark_jetstream.client.connection_options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SERVERS
-from spark_jetstream.errors import OptionError
+from spark_jetstream.options.option import ALL, BATCH, READ, STREAM, WRITE, Option
 from spark_jetstream.options.parsers import (
     DEFAULT_PRIORITY_TIMEOUT,
     parse_ack_policy,
@@ -31,60 +30,6 @@ from spark_jetstream.options.parsers import (
     parse_text,
     parse_timestamp,
 )
-
-STREAM, BATCH, WRITE = "readStream", "read", "write"
-"""The modes: ``spark.readStream``, ``spark.read``, ``df.write``/``df.writeStream``."""
-READ = frozenset({STREAM, BATCH})
-ALL = frozenset({STREAM, BATCH, WRITE})
-LOAD = READ
-"""What ``load()`` checks: Spark does not say yet whether a streaming or a batch read is coming."""
-
-
-@dataclass(frozen=True)
-class Option:
-    """One user-facing option.
-
-    ``attr`` is the field it fills in a config dataclass (default: the name in snake_case); ``part``
-    groups it in the docs (``connection``, ``pull``, ``read``, ``sink``); ``required`` lists the
-    modes that need it; ``batch_doc`` replaces ``doc`` where batch reads mean something else by it.
-    """
-
-    name: str
-    parse: Callable[[str], Any]
-    default: Any
-    doc: str
-    modes: frozenset[str]
-    part: str
-    attr: str = ""
-    secret: bool = False
-    minimum: float | None = None
-    maximum: float | None = None
-    required: frozenset[str] = frozenset()
-    batch_doc: str | None = None
-
-    def __post_init__(self) -> None:
-        if not self.attr:
-            snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in self.name.replace(".", "_"))
-            object.__setattr__(self, "attr", snake)
-
-    def convert(self, raw: str) -> Any:
-        shown = "<hidden>" if self.secret else repr(raw)
-        try:
-            value = self.parse(raw)
-        except ValueError as exc:
-            raise OptionError(f"Option {self.name!r} has an invalid value {shown}: {exc}.") from None
-        if self.minimum is not None and value < self.minimum:
-            raise OptionError(
-                f"Option {self.name!r} has an invalid value {shown}: it must be at least {self.minimum:g}."
-            )
-        if self.maximum is not None and value > self.maximum:
-            raise OptionError(
-                f"Option {self.name!r} has an invalid value {shown}: it must be at most {self.maximum:,g}."
-            )
-        return value
-
-    def doc_for(self, mode: str) -> str:
-        return self.batch_doc if mode == BATCH and self.batch_doc else self.doc
 
 
 def _connection(name: str, parse: Callable[[str], Any], default: Any, doc: str, **extra: Any) -> Option:

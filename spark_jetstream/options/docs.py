@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from spark_jetstream.options.definitions import BATCH, STREAM, WRITE, Option, options_for
+from spark_jetstream.options.definitions import options_for
+from spark_jetstream.options.option import BATCH, STREAM, WRITE, Option
 from spark_jetstream.options.parsers import parse_duration, parse_size
 
 
