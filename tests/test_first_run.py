@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from spark_jetstream.errors import JetStreamError
-from spark_jetstream.tools import demo
+from spark_jetstream.tools import demo, demo_orders, worker_warmup
 
 
 def test_a_failed_warm_up_is_one_line_and_not_the_demos_failure(capsys: pytest.CaptureFixture[str]) -> None:
@@ -29,7 +29,7 @@ def test_a_failed_warm_up_is_one_line_and_not_the_demos_failure(capsys: pytest.C
     spark = SimpleNamespace(
         sparkContext=SimpleNamespace(defaultParallelism=2), dataSource=SimpleNamespace(register=refuse)
     )
-    warm_up = demo.WorkerWarmUp(spark)  # type: ignore[arg-type]
+    warm_up = worker_warmup.WorkerWarmUp(spark)  # type: ignore[arg-type]
     warm_up.start()
     warm_up.join(10)
     assert warm_up.failure == "[PACKAGE_NOT_INSTALLED] Something >= 1 must be installed."
@@ -134,8 +134,8 @@ def test_the_demo_from_a_fresh_venv_with_only_the_demo_extra(demo_venv: Path, tm
     assert not re.search(r"\d\d:\d\d:\d\d (WARN|ERROR)", done.stderr), done.stderr  # a quiet run
 
     # The totals, from the demo's own order generator: every region's orders and revenue, exactly.
-    totals = demo.Totals()
-    for _ in demo.orders(MESSAGES, totals):
+    totals = demo_orders.Totals()
+    for _ in demo_orders.orders(MESSAGES, totals):
         pass
     for region in totals.orders:
         count, revenue = totals.orders[region], totals.revenue_cents[region] / 100

@@ -14,44 +14,37 @@ checkpoint; saves a PNG of throughput and lag; and stops everything it started.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import random
 import sys
 import tempfile
-import threading
 import time
-from collections import Counter
-from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pyspark.sql import SparkSession
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from spark_jetstream import register
-from spark_jetstream.client.connection import Connection, close_all, connect
+from spark_jetstream.client.connection import close_all, connect
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.client.publish import Message, publish_all
 from spark_jetstream.errors import ConsumerNotFoundError, JetStreamError, StreamNotFoundError
 from spark_jetstream.groups.admin import status
 from spark_jetstream.groups.layout import partitioned_stream_config
 from spark_jetstream.options import parse_connection_options
 from spark_jetstream.streaming.offsets import committed_offset, planned_offset
+from spark_jetstream.tools.demo_orders import PacedPublisher, parse_orders, write_revenue
 from spark_jetstream.tools.embedded import EmbeddedServer
 from spark_jetstream.tools.monitoring import BatchProgress, JetStreamLagListener, batch_progress
+from spark_jetstream.tools.worker_warmup import WorkerWarmUp
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.streaming import StreamingQuery
-    from pyspark.sql.types import StructType
 
 GROUP = "demo"
 READ_ONLY_GROUP = "demo_read_only"
 """The group of the read-only pass: its own member consumers, so the pipeline's ack floors stay where they are."""
-REGIONS = ("emea", "amer", "apac", "latam")
 QUIET_LOG4J = """\
 rootLogger.level = error
 rootLogger.appenderRef.console.ref = console
@@ -62,72 +55,6 @@ appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
 """
 """Spark's driver logs errors only: the demo's own lines are the progress display."""
-ORDER_SCHEMA = "order_id LONG, customer STRING, region STRING, sku STRING, quantity INT, price_cents LONG, ts STRING"
-
-
-@dataclass
-class Totals:
-    """What the publisher sent, per region: the oracle the parquet output is checked against."""
-
-    orders: Counter[str] = field(default_factory=Counter)
-    revenue_cents: Counter[str] = field(default_factory=Counter)
-
-    def add(self, region: str, quantity: int, price_cents: int) -> None:
-        self.orders[region] += 1
-        self.revenue_cents[region] += quantity * price_cents
-
-
-def orders(count: int, totals: Totals, seed: int = 1) -> Iterator[Message]:
-    """Order events: JSON payloads on ``orders.<customer>`` with a content type and a trace id."""
-    rng = random.Random(seed)
-    for index in range(count):
-        customer = f"c{rng.randrange(5000):04d}"
-        region = REGIONS[int(customer[1:]) % len(REGIONS)]
-        quantity, price_cents = rng.randrange(1, 5), rng.randrange(100, 20_000)
-        totals.add(region, quantity, price_cents)
-        order = {
-            "order_id": index,
-            "customer": customer,
-            "region": region,
-            "sku": f"sku-{rng.randrange(300)}",
-            "quantity": quantity,
-            "price_cents": price_cents,
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-        headers = {"content-type": "application/json", "trace-id": f"{rng.getrandbits(64):016x}"}
-        yield f"orders.{customer}", json.dumps(order).encode(), headers
-
-
-class PacedPublisher(threading.Thread):
-    """Publishes the orders in chunks at about ``rate`` messages per second (0: as fast as it can)."""
-
-    def __init__(self, conn: Connection, count: int, rate: int) -> None:
-        super().__init__(name="demo-publisher", daemon=True)
-        self.conn, self.count, self.rate = conn, count, rate
-        self.totals = Totals()
-        self.published = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            began, chunk = time.monotonic(), max(500, self.rate // 10)
-            batch: list[Message] = []
-            for message in orders(self.count, self.totals):
-                batch.append(message)
-                if len(batch) == chunk:
-                    self._send(batch, began)
-                    batch = []
-            if batch:
-                self._send(batch, began)
-        except BaseException as exc:  # reported by the main thread
-            self.error = exc
-
-    def _send(self, batch: list[Message], began: float) -> None:
-        self.published += publish_all(self.conn, batch).count
-        if self.rate:
-            ahead = self.published / self.rate - (time.monotonic() - began)
-            if ahead > 0:
-                time.sleep(ahead)
 
 
 class StatusLine:
@@ -267,80 +194,6 @@ def run(
         return _report(
             spark, results, publisher, read, batches, read_only, committed, floors, floors_ok, listener, out_dir
         )
-
-
-def parse_orders(messages: DataFrame) -> DataFrame:
-    """The orders' JSON payloads as columns."""
-    from pyspark.sql import functions as F
-
-    return messages.select(F.from_json(F.col("data").cast("string"), ORDER_SCHEMA).alias("o")).select("o.*")
-
-
-def write_revenue(orders: DataFrame, path: Path) -> None:
-    """Orders and revenue by region of one batch, into parquet at ``path`` (replaced if there)."""
-    from pyspark.sql import functions as F
-
-    revenue = F.sum(F.col("quantity") * F.col("price_cents"))
-    orders.groupBy("region").agg(F.count("*").alias("orders"), revenue.alias("revenue")).write.mode(
-        "overwrite"
-    ).parquet(str(path))
-
-
-class WarmUpSource(DataSource):
-    """A Python data source that reads nothing: reading it starts the Python workers a read of ``jetstream`` uses.
-
-    Spark pools Python workers by kind and environment (measured with PySpark 4.3): RDD jobs, SQL functions and a
-    source found by Spark's own look-up each get their own. A read of a source registered from this session uses the
-    same pools as the query's reads (the read workers, and the planner processes that create the source and plan
-    its read), and unlike ``mapInArrow`` it does not need pandas, which the ``demo`` extra does not install."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "jetstream_demo_warmup"
-
-    def schema(self) -> str:
-        return "id long"
-
-    def reader(self, schema: StructType) -> DataSourceReader:
-        return _WarmUpReader(int(self.options.get("partitions", "1")))
-
-
-class _WarmUpReader(DataSourceReader):
-    def __init__(self, partitions: int) -> None:
-        self.count = partitions
-
-    def partitions(self) -> list[InputPartition]:
-        return [InputPartition(index) for index in range(self.count)]
-
-    def read(self, partition: InputPartition) -> Iterator[tuple[int]]:
-        """Import what a read imports (``source.py`` imports the rest when ``read()`` is called)."""
-        import pyarrow.compute  # noqa: F401
-
-        import spark_jetstream.read.direct
-        import spark_jetstream.source  # noqa: F401
-
-        yield (partition.value,)
-
-
-class WorkerWarmUp(threading.Thread):
-    """Starts a Python worker per core that imports the connector (Spark reuses them), while the query starts.
-
-    The first batch's tasks then skip the workers' start-up and imports. Nothing else is warmed up: a sample write of
-    the sink (shuffle, code generation, the parquet writer) held both task slots while the first batch waited for
-    them. A failure is not the demo's: the first batch then starts the workers itself, and one line says so."""
-
-    def __init__(self, spark: SparkSession) -> None:
-        super().__init__(name="demo-workers", daemon=True)
-        self.spark = spark
-        self.failure: str | None = None
-
-    def run(self) -> None:
-        try:
-            cores = self.spark.sparkContext.defaultParallelism
-            self.spark.dataSource.register(WarmUpSource)
-            self.spark.read.format(WarmUpSource.name()).option("partitions", cores).load().collect()
-        except Exception as exc:  # reported in one line by the main thread
-            self.failure = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _status(
