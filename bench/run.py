@@ -106,6 +106,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rate", type=int, default=5000, help="msg/s published during the latency run")
     parser.add_argument("--large-mb", type=int, default=None, help="MB of payload per message size of large-messages")
     parser.add_argument("--shape-messages", type=int, default=None, help="messages per stream shape (400,000)")
+    parser.add_argument("--first-batch-rounds", type=int, default=3, help="interleaved rounds of first-batch (3)")
     parser.add_argument("--storage", choices=("file", "memory"), default="file", help="storage of every stream")
     parser.add_argument("--naive-dir", type=Path, default=NAIVE_DIR, help="directory holding naive_source.py")
     args = parser.parse_args(argv)
