@@ -54,9 +54,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import leader_change
 from common import WARMUP_STREAM, create_stream, publish, server_version, warmup_messages
-from scenarios import first_batch, large_messages, latency, memory, read, scaling, shapes, write
+from scenarios import first_batch, large_messages, latency, leader_change, memory, read, scaling, shapes, write
 from suite import READ_PARTITIONS, SIZE, WARMUP_MESSAGES, Suite, print_peaks, print_summary
 
 from spark_jetstream.client.connection import ConnectionOptions, close_all, connect
@@ -73,7 +72,7 @@ RUNNERS: dict[str, Callable[[Suite], None]] = {
     "large-messages": large_messages.run,
     "shapes": shapes.run,
     "first-batch": first_batch.run,
-    "leader-change": leader_change.scenario,
+    "leader-change": leader_change.run,
 }
 SCENARIOS = tuple(RUNNERS)
 
@@ -107,6 +106,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--large-mb", type=int, default=None, help="MB of payload per message size of large-messages")
     parser.add_argument("--shape-messages", type=int, default=None, help="messages per stream shape (400,000)")
     parser.add_argument("--first-batch-rounds", type=int, default=3, help="interleaved rounds of first-batch (3)")
+    parser.add_argument("--leader-rounds", type=int, default=1, help="rounds of leader-change's faults (1)")
     parser.add_argument("--storage", choices=("file", "memory"), default="file", help="storage of every stream")
     parser.add_argument("--naive-dir", type=Path, default=NAIVE_DIR, help="directory holding naive_source.py")
     args = parser.parse_args(argv)
