@@ -54,8 +54,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from common import WARMUP_STREAM, create_stream, publish, server_version, warmup_messages
-from scenarios import first_batch, large_messages, latency, leader_change, memory, read, scaling, shapes, write
+from common import SUBJECTS, WARMUP_STREAM, create_stream, publish, server_version, warmup_messages
+from scenarios import (
+    first_batch,
+    large_messages,
+    latency,
+    leader_change,
+    memory,
+    pull_reader,
+    read,
+    scaling,
+    shapes,
+    write,
+)
 from suite import READ_PARTITIONS, SIZE, WARMUP_MESSAGES, Suite, print_peaks, print_summary
 
 from spark_jetstream.client.connection import ConnectionOptions, close_all, connect
@@ -73,6 +84,7 @@ RUNNERS: dict[str, Callable[[Suite], None]] = {
     "shapes": shapes.run,
     "first-batch": first_batch.run,
     "leader-change": leader_change.run,
+    "pull-reader": pull_reader.run,
 }
 SCENARIOS = tuple(RUNNERS)
 
@@ -107,6 +119,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--shape-messages", type=int, default=None, help="messages per stream shape (400,000)")
     parser.add_argument("--first-batch-rounds", type=int, default=3, help="interleaved rounds of first-batch (3)")
     parser.add_argument("--leader-rounds", type=int, default=1, help="rounds of leader-change's faults (1)")
+    parser.add_argument("--pull-partitions", type=int, default=4, help="partitions (members) of pull-reader (4)")
+    parser.add_argument("--pull-subjects", type=int, default=SUBJECTS, help="subjects of pull-reader (1,024)")
     parser.add_argument("--storage", choices=("file", "memory"), default="file", help="storage of every stream")
     parser.add_argument("--naive-dir", type=Path, default=NAIVE_DIR, help="directory holding naive_source.py")
     args = parser.parse_args(argv)
