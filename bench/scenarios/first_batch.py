@@ -185,7 +185,7 @@ def run(suite: Suite) -> None:
     rounds = suite.args.first_batch_rounds
     heading(
         f"first batch: load() + first batch in a fresh process, {FIRST_BATCH_MESSAGES:,} messages waiting, "
-        f"{rounds} rounds"
+        f"{rounds} round{'s' if rounds > 1 else ''}"
     )
     suite.fresh_stream(STREAM, "first.*", 4)
     payload, count = b"x" * SIZE, FIRST_BATCH_MESSAGES
