@@ -1,10 +1,10 @@
-"""What every benchmark shares: stream set-up, the processes' CPU and peak memory, the measured Spark
+"""What every benchmark scenario shares: stream set-up, the processes' CPU and peak memory, the measured Spark
 read, and table printing.
 
-One definition each, so the standalone scripts and the suite (``bench/run.py``) measure the same
-way: peak RSS is VmHWM from ``/proc/<pid>/status`` (``peak_rss_kb``), CPU is ticks from
-``/proc/stat`` and ``/proc/<pid>/stat`` (``CpuWatch``), a Spark read is one ``availableNow`` query
-into ``noop`` with rows counted from its progress (``run_spark``).
+One definition each, so every scenario of the suite (``bench/run.py``) measures the same way: peak RSS is VmHWM
+from ``/proc/<pid>/status`` (``peak_rss_kb``), CPU is ticks from ``/proc/stat`` and ``/proc/<pid>/stat``
+(``CpuWatch``), a Spark read is one ``availableNow`` query into ``noop`` with rows counted from its progress
+(``run_spark``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ GROUP = "bench"
 SUBJECTS = 1024
 """Messages go to ``ev.k<i % SUBJECTS>``: interleaved subjects, as a partitioned stream sees them."""
 WARMUP_STREAM = "WARMUP"
-WARMUP_GROUP = "warmup"
 
 RECV_SIZE = 1 << 20
 CONNECT = b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"no_responders":true,"protocol":1}\r\nPING\r\n'
@@ -251,24 +250,6 @@ class SparkRun:
         return len(self.progress)
 
 
-def start_spark() -> tuple[SparkSession, float]:
-    """A ``local[2]`` session; return it and how long start-up took."""
-    from pyspark.sql import SparkSession
-
-    began = time.perf_counter()
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("stream_read bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.streaming.numRecentProgressUpdates", "1000000")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("WARN")
-    return spark, time.perf_counter() - began
-
-
 def run_spark(
     spark: SparkSession,
     url: str,
@@ -305,18 +286,6 @@ def run_spark(
 
 
 # -- tables ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Row:
-    contender: str
-    messages: int
-    seconds: float
-    batches: int | None = None
-
-    @property
-    def rate(self) -> float:
-        return self.messages / self.seconds if self.seconds else 0.0
 
 
 def heading(title: str) -> None:

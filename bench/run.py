@@ -2,34 +2,25 @@
 
 The machines are shared and noisy, so every figure is a ratio against a baseline measured in the
 same run, on the same nats-server (``EmbeddedServer``, file store in a temp dir) and the same data.
-Each scenario gets a ``local[2]`` SparkSession of its own (stopped at its end, so Python workers
-never carry memory from one scenario into the next) and an untimed warm-up query first:
+Each scenario is one module of ``bench/scenarios/`` that owns its measurement; those using Spark get a
+``local[2]`` SparkSession of their own (stopped at their end) and an untimed warm-up query first:
 
-* ``read``: ``--messages`` x 100 B on a 4-partition stream, ``trigger(availableNow=True)`` into
-  the ``noop`` sink (``bench/scenarios/read.py``), by default and with ``ackPolicy=none``, each
-  against the raw pull loop draining the same member consumers in 2 processes (explicit-ack or
-  AckNone ones), and against the naive PySpark source of ``bench/baseline/naive_source.py``
-  (nats-py ``fetch()``, one partition) on the same stream; each contender runs once per round,
-  ``READ_ROUNDS`` rounds, best kept (the raw loops while the idle Spark session stays up: minutes
-  apart, this machine's speed drifts more than an idle JVM costs).
-* ``scaling``: the same read with ``members`` 1, 2, 4, 8 on an 8-partition stream
-  (``bench/scaling.py``), and the raw pull loop on the 8 member consumers.
-* ``latency``: a steady ``--rate`` msg/s for ``--latency-seconds`` into a 4-partition stream while a
-  query with the default trigger reads it into ``foreachBatch``; a row's latency is the time after
-  ``collect()`` in ``foreachBatch`` minus the publish time carried in its payload. The naive
-  source, measured the same way on a stream of its own, is the baseline.
-* ``write``: the contenders of ``bench/write.py`` (Spark writer with and without msg ids against a
-  raw pipelined publisher doing the same server work), each run ``WRITE_ROUNDS`` times in turn,
-  best kept.
-* ``memory``: a 1-partition stream read with ``maxMessagesPerTrigger`` ``--messages``/10 and
-  ``--messages`` (one task reading everything): the executor Python worker's peak RSS should not
-  grow with the batch, since the reader streams Arrow batches of ``recordBatchSize`` rows and each
-  pull asks for at most ``pullMaxBytes``.
-* ``shapes``: ``--shape-messages`` x 100 B on each stream shape users have (partitioned 8 ways with 1,024 and
-  with 200,000 subjects; no transform with and without Direct Get), streaming and batch, by default, with
-  ``readMode=pull`` and with ``minPartitions=8``, against raw Direct Get and pull loops on the same data and a
-  no-I/O Python source (``bench/scenarios/shapes.py``).
-* ``large-messages``, ``first-batch``, ``leader-change``: see their modules.
+* ``read``: ``--messages`` on 4 partitions, ``availableNow`` into ``noop``, default and ``ackPolicy=none``,
+  against the raw pull loop and the naive nats-py source of ``bench/baseline/``.
+* ``scaling``: the same read with ``members`` 1, 2, 4, 8 on 8 partitions, and the raw pull loop.
+* ``latency``: ``--rate`` msg/s for ``--latency-seconds`` read into ``foreachBatch``, publish to sink,
+  against the naive source.
+* ``write``: the Spark writer with and without msg ids against the raw pipelined publisher.
+* ``memory``: a Python worker's peak RSS with ``maxMessagesPerTrigger`` ``--messages``/10 and ``--messages``.
+* ``large-messages``: ``--large-mb`` MB each of 1 MB, 200 KB and 10 KB messages read and written, against raw
+  loops and a no-I/O Python source; the workers' peak RSS.
+* ``shapes``: ``--shape-messages`` per stream shape, streaming and batch, by read mode, against raw Direct Get
+  and pull loops and a no-I/O Python source.
+* ``first-batch``: ``load()`` plus the first batch in fresh processes, against a no-I/O source and ``rate``
+  (``--first-batch-rounds``).
+* ``leader-change``: a query on a 3-node cluster of its own through leader faults (``--leader-rounds``).
+* ``pull-reader``: the pinned pull reader against the raw pull loop, outside Spark (``--pull-partitions``,
+  ``--pull-subjects``).
 
 Peak RSS (VmHWM, reset with ``/proc/<pid>/clear_refs`` when a measurement starts and polled) is
 recorded per measurement for this driver process, the Spark JVM and the Python processes under it.
@@ -54,9 +45,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import leader_change
-from common import WARMUP_STREAM, create_stream, publish, server_version, warmup_messages
-from scenarios import first_batch, large_messages, latency, memory, read, scaling, shapes, write
+from common import SUBJECTS, WARMUP_STREAM, create_stream, publish, server_version, warmup_messages
+from scenarios import (
+    first_batch,
+    large_messages,
+    latency,
+    leader_change,
+    memory,
+    pull_reader,
+    read,
+    scaling,
+    shapes,
+    write,
+)
 from suite import READ_PARTITIONS, SIZE, WARMUP_MESSAGES, Suite, print_peaks, print_summary
 
 from spark_jetstream.client.connection import ConnectionOptions, close_all, connect
@@ -73,7 +74,8 @@ RUNNERS: dict[str, Callable[[Suite], None]] = {
     "large-messages": large_messages.run,
     "shapes": shapes.run,
     "first-batch": first_batch.run,
-    "leader-change": leader_change.scenario,
+    "leader-change": leader_change.run,
+    "pull-reader": pull_reader.run,
 }
 SCENARIOS = tuple(RUNNERS)
 
@@ -100,12 +102,18 @@ def stop_jvm() -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="smoke-run sizes: 100,000 messages, 15 s of latency")
-    parser.add_argument("--only", default=",".join(SCENARIOS), help=f"comma-separated scenarios of {SCENARIOS}")
+    parser.add_argument(
+        "--only", default=",".join(SCENARIOS), help=f"comma-separated scenarios: {', '.join(SCENARIOS)}"
+    )
     parser.add_argument("--messages", type=int, default=None, help="messages per scenario (1,000,000; quick 100,000)")
     parser.add_argument("--latency-seconds", type=float, default=None, help="publishing time of the latency run")
     parser.add_argument("--rate", type=int, default=5000, help="msg/s published during the latency run")
     parser.add_argument("--large-mb", type=int, default=None, help="MB of payload per message size of large-messages")
     parser.add_argument("--shape-messages", type=int, default=None, help="messages per stream shape (400,000)")
+    parser.add_argument("--first-batch-rounds", type=int, default=3, help="interleaved rounds of first-batch (3)")
+    parser.add_argument("--leader-rounds", type=int, default=1, help="rounds of leader-change's faults (1)")
+    parser.add_argument("--pull-partitions", type=int, default=4, help="partitions (members) of pull-reader (4)")
+    parser.add_argument("--pull-subjects", type=int, default=SUBJECTS, help="subjects of pull-reader (1,024)")
     parser.add_argument("--storage", choices=("file", "memory"), default="file", help="storage of every stream")
     parser.add_argument("--naive-dir", type=Path, default=NAIVE_DIR, help="directory holding naive_source.py")
     args = parser.parse_args(argv)
@@ -119,6 +127,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--only takes scenarios of {', '.join(SCENARIOS)}; unknown: {', '.join(unknown)}")
     if args.messages < 10 or args.rate < 1 or args.latency_seconds <= 0:
         parser.error("--messages must be at least 10, --rate and --latency-seconds positive")
+    if min(args.first_batch_rounds, args.leader_rounds, args.pull_partitions, args.pull_subjects) < 1:
+        parser.error("--first-batch-rounds, --leader-rounds, --pull-partitions and --pull-subjects must be positive")
     return args
 
 

@@ -3,15 +3,15 @@
 Per fault, on one shared cluster, a stream of its own (4 partitions, R3, file store) gets ~400 msg/s from a
 publisher thread that records every acked message (``cluster_faults.Publisher``), and a streaming query reads it
 through a group (1 s trigger, ``maxMessagesPerTrigger`` 2000, parquet). The fault (``cluster_faults.inject_fault``,
-what ``bench/leader_change.py`` measures) is a signal to the server holding a leadership, restarted on its
-store a few seconds later. Checked: the query keeps running (active, no exception, one run id, no failed
-task: with ``local[2]`` a failed task fails the query); once the publishing has stopped and the query has
-committed through the stream's last seq, the output is every published message exactly once (seq, subject,
-data) and every member consumer's ack floor is the checkpoint's last offset. Recovery is measured against the
-stream's own availability (``cluster_faults.writable_again``: its first PubAck after the stall): the first
-message stored then is committed within the connection's API deadline of it, and after a member consumer's
-leader is killed, before that consumer has a new leader (a Direct Get query needs no member consumer to read).
-The figures themselves are printed, not held to a target: the machine is shared (``bench/leader_change.py``
+what the leader-change benchmark, ``bench/scenarios/leader_change.py``, measures) is a signal to the server holding
+a leadership, restarted on its store a few seconds later. Checked: the query keeps running (active, no exception,
+one run id, no failed task: with ``local[2]`` a failed task fails the query); once the publishing has stopped and
+the query has committed through the stream's last seq, the output is every published message exactly once (seq,
+subject, data) and every member consumer's ack floor is the checkpoint's last offset. Recovery is measured against
+the stream's own availability (``cluster_faults.writable_again``: its first PubAck after the stall): the first
+message stored then is committed within the connection's API deadline of it, and after a member consumer's leader is
+killed, before that consumer has a new leader (a Direct Get query needs no member consumer to read). The figures
+themselves are printed, not held to a target: the machine is shared (``python bench/run.py --only leader-change``
 measures them). Run with ``-s`` to see them.
 """
 

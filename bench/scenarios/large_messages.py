@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING
 from common import Cpu, heading
 from noio import noio_source
 from raw_direct import run_direct_parallel
+from raw_publish import raw_publish, writer_ids
 from raw_pull import run_baseline_parallel
 from suite import Measurement, Suite, Summary, start_session
-from write import raw_publish, writer_ids
 
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.groups.layout import member_consumer_name, partition_filters

@@ -1,8 +1,9 @@
-"""``read``: the connector's streaming read against the raw pull loop and the naive source (see ``bench/run.py``)."""
+"""``read``: the connector's streaming read against the raw pull loop and the naive source (see ``bench/run.py``);
+also the per-batch ``durationMs`` of each connector contender's fastest query (where Spark's time went)."""
 
 from __future__ import annotations
 
-from common import STREAM, WARMUP_STREAM, Cpu, heading, messages, print_rows, publish, rate, run_spark
+from common import STREAM, WARMUP_STREAM, Cpu, SparkRun, heading, messages, print_rows, publish, rate, run_spark
 from raw_pull import PARALLEL, run_baseline_parallel
 from suite import (
     NAIVE_FORMAT,
@@ -23,6 +24,8 @@ READ_ROUNDS = 3
 RAW_TARGET = 0.8
 NAIVE_TARGETS = (4.0, 5.0)
 """Read vs the naive source: by default, and with ``ackPolicy=none`` (the issue's 5x for an ack-none mode)."""
+DURATIONS = ("triggerExecution", "latestOffset", "queryPlanning", "getBatch", "addBatch", "walCommit", "commitOffsets")
+SHOWN_BATCHES = 12
 
 
 def run(suite: Suite) -> None:
@@ -35,6 +38,7 @@ def run(suite: Suite) -> None:
     conf = {"spark.executorEnv.PYTHONPATH": str(naive)} if naive else {}
     spark = start_session(suite, "read", conf)
     best: dict[str, tuple[int, float, int | None, Cpu]] = {}  # contender -> its fastest round
+    fastest: dict[str, SparkRun] = {}  # connector contender -> its fastest query
 
     def keep(name: str, round_: int, count: int, seconds: float, batches: int | None, cpu: Cpu) -> None:
         print(f"  round {round_}, {name}: {rate(count, seconds):,.0f} rows/s", flush=True)
@@ -67,6 +71,8 @@ def run(suite: Suite) -> None:
                 if run.messages != args.messages:
                     raise SystemExit(f"FAILED: {name} read {run.messages:,} of {args.messages:,}")
                 keep(name, round_, run.messages, run.seconds, run.batches, cpu)
+                if name not in fastest or run.seconds < fastest[name].seconds:
+                    fastest[name] = run
             if naive is not None:
                 watch = Measurement(suite, f"read: naive source, round {round_}", spark)
                 options = {"servers": suite.url, "stream": STREAM}
@@ -86,6 +92,8 @@ def run(suite: Suite) -> None:
     finally:
         spark.stop()
     print_rows([(name, *figures) for name, figures in best.items()])
+    for name, run in fastest.items():
+        print_durations(name, run)
     naive_rate = rate(*best[naive_name][:2]) if naive_name in best else None
     for (name, (_, extra, raw_name)), naive_target in zip(connectors.items(), NAIVE_TARGETS, strict=True):
         connector, raw = rate(*best[name][:2]), rate(*best[raw_name][:2])
@@ -112,3 +120,26 @@ def run(suite: Suite) -> None:
                 )
             )
     suite.api.delete_stream(STREAM)
+
+
+def print_durations(contender: str, run: SparkRun) -> None:
+    """Per-batch ``durationMs`` of a measured query, and the totals."""
+    print(f"\n  per-batch durationMs of the fastest {contender} query ({run.batches} batches):")
+    print(f"  {'batch':>6} {'rows':>10} " + " ".join(f"{key:>16}" for key in DURATIONS))
+    progress = run.progress
+    shown = progress if len(progress) <= SHOWN_BATCHES else progress[:8] + progress[-4:]
+    for index, p in enumerate(shown):
+        if len(progress) > SHOWN_BATCHES and index == 8:
+            print(f"  {'...':>6}")
+        durations = p["durationMs"]
+        cells = " ".join(f"{durations.get(key, 0):>16,}" for key in DURATIONS)
+        print(f"  {p['batchId']:>6} {p['numInputRows'] or 0:>10,} {cells}")
+    totals = {key: sum(p["durationMs"].get(key, 0) for p in progress) for key in DURATIONS}
+    print(f"  {'total':>6} {run.messages:>10,} " + " ".join(f"{totals[key]:>16,}" for key in DURATIONS))
+    wall_ms = run.seconds * 1000
+    outside = wall_ms - totals["triggerExecution"]
+    print(
+        f"  wall {wall_ms:,.0f} ms: triggers {totals['triggerExecution']:,} ms "
+        f"({totals['triggerExecution'] / wall_ms:.0%}), addBatch {totals['addBatch']:,} ms "
+        f"({totals['addBatch'] / wall_ms:.0%}), outside triggers (query start/stop) {outside:,.0f} ms"
+    )

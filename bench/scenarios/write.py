@@ -1,19 +1,37 @@
-"""``write``: the Spark writer against raw pipelined publishing, the contenders of ``bench/write.py``."""
+"""``write``: the Spark writer against raw pipelined publishing, on the suite's server in the same run.
+
+``--messages`` x 100 B on the 1,024 subjects ``bench.k<i % 1024>``, each contender into a freshly created stream
+``WBENCH``, ``WRITE_ROUNDS`` rounds of every contender in turn, best kept:
+
+* ``raw``: the raw pipelined publisher of ``bench/raw_publish.py``, ``WRITE_WINDOW`` messages ahead of their
+  PubAcks; ``raw+ids`` the same with a ``Nats-Msg-Id`` per message shaped like the Spark writer's (the same
+  server work as exactly-once);
+* ``publish_all``: ``spark_jetstream.client.publish.publish_all`` (nats-py connection, one process);
+* ``spark``: ``spark.range(n)`` with a 100-byte string ``data`` column written by ``df.write.format("jetstream")``
+  (``WRITE_TASKS`` tasks), msg ids on (the default); ``spark-noids`` with ``deduplicate=false``. Timed from
+  ``save()`` to its return; an untimed write of a fifth of ``--messages`` first warms up the Python workers and
+  the JVM's JIT (a 20,000-row warm-up left the first measured write up to 40% slower than the next, hot-spot
+  compilation included).
+
+Every contender must leave exactly ``--messages`` messages in the stream. The summary rows are the Spark writer
+against the raw publisher doing the same server work (``spark`` / ``raw+ids``, ``spark-noids`` / ``raw``).
+"""
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from common import Cpu, heading, print_rows
+from common import SUBJECTS, Cpu, heading, print_rows
+from raw_publish import raw_publish, writer_ids
 from suite import SIZE, Measurement, Suite, Summary, start_session
-from write import STREAM as WRITE_STREAM
-from write import SUBJECTS as WRITE_SUBJECTS
-from write import Run as WriteRun
-from write import raw_publish, timed, warmup_rows, writer_ids
 
+from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import publish_all
 
+STREAM = "WBENCH"
 WRITE_WINDOW = 4000
 WRITE_TASKS = 2
 WRITE_ROUNDS = 2
@@ -22,23 +40,57 @@ one slow run on this shared machine moved a ratio by 0.15)."""
 WRITE_TARGET = 0.8
 
 
+@dataclass(frozen=True)
+class Run:
+    contender: str
+    messages: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.seconds
+
+
+def fresh_stream(api: JetStreamApi, storage: str) -> None:
+    if STREAM in api.stream_names():
+        api.delete_stream(STREAM)
+    api.create_stream({"name": STREAM, "subjects": ["bench.>"], "storage": storage})
+
+
+def warmup_rows(messages: int) -> int:
+    """Rows of the untimed warm-up write (see the module doc)."""
+    return max(20_000, messages // 5)
+
+
+def timed(api: JetStreamApi, storage: str, name: str, expected: int, work: Callable[[], object]) -> Run:
+    """Run ``work`` into a fresh stream, timed; it must leave ``expected`` messages there."""
+    fresh_stream(api, storage)
+    began = time.perf_counter()
+    work()
+    seconds = time.perf_counter() - began
+    stored = api.stream_info(STREAM)["state"]["messages"]
+    if stored != expected:
+        raise SystemExit(f"FAILED: {name} left {stored:,} messages in the stream, expected {expected:,}")
+    return Run(name, expected, seconds)
+
+
 def run(suite: Suite) -> None:
     args = suite.args
     n = args.messages
-    heading(f"write: {n:,} x {SIZE} B, window {WRITE_WINDOW}, {WRITE_TASKS} Spark tasks (bench/write.py)")
+    heading(f"write: {n:,} x {SIZE} B, window {WRITE_WINDOW}, {WRITE_TASKS} Spark tasks")
     spark = start_session(suite, "write")
     # nats-server was started from a helper thread with a preexec_fn, which closes py4j's connection
-    # of this thread: give the new JVM thread the active session back (see bench/write.py).
+    # of this thread: give the new JVM thread the active session back (see tests/test_sink.py).
     spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)  # type: ignore[attr-defined]
     api, storage, address = suite.api, args.storage, suite.address
-    runs: dict[str, tuple[WriteRun, Cpu]] = {}
+    runs: dict[str, tuple[Run, Cpu]] = {}
     try:
         from pyspark.sql import functions as F
 
         def spark_write(count: int, **options: str) -> Callable[[], None]:
             def work() -> None:
                 frame = spark.range(0, count, 1, WRITE_TASKS).select(
-                    F.concat(F.lit("bench.k"), (F.col("id") % WRITE_SUBJECTS).cast("string")).alias("subject"),
+                    F.concat(F.lit("bench.k"), (F.col("id") % SUBJECTS).cast("string")).alias("subject"),
                     F.lpad(F.col("id").cast("string"), SIZE, "x").alias("data"),
                 )
                 writer = frame.write.format("jetstream").option("servers", suite.url)
@@ -47,7 +99,7 @@ def run(suite: Suite) -> None:
             return work
 
         warm = warmup_rows(n)
-        timed(suite.conn, api, storage, "warm-up", warm, spark_write(warm))
+        timed(api, storage, "warm-up", warm, spark_write(warm))
         payload = os.urandom(SIZE)
         contenders: list[tuple[str, Callable[[], object]]] = [
             ("raw", lambda: raw_publish(address, n, SIZE, WRITE_WINDOW, None)),
@@ -55,7 +107,7 @@ def run(suite: Suite) -> None:
             (
                 "publish_all",
                 lambda: publish_all(
-                    suite.conn, ((f"bench.k{i % WRITE_SUBJECTS}", payload, None) for i in range(n)), WRITE_WINDOW
+                    suite.conn, ((f"bench.k{i % SUBJECTS}", payload, None) for i in range(n)), WRITE_WINDOW
                 ),
             ),
             ("spark", spark_write(n)),
@@ -65,15 +117,15 @@ def run(suite: Suite) -> None:
             for name, work in contenders:
                 driver = spark if name.startswith("spark") else None
                 watch = Measurement(suite, f"write: {name}, round {round_}", driver)
-                run = timed(suite.conn, api, storage, name, n, work)  # type: ignore[arg-type]
+                run = timed(api, storage, name, n, work)
                 cpu = watch.stop()
                 print(f"  round {round_}, {name}: {run.rate:,.0f} msgs/s", flush=True)
                 if name not in runs or run.rate > runs[name][0].rate:
                     runs[name] = (run, cpu)
     finally:
         spark.stop()
-        if WRITE_STREAM in api.stream_names():
-            api.delete_stream(WRITE_STREAM)
+        if STREAM in api.stream_names():
+            api.delete_stream(STREAM)
     print_rows([(name, run.messages, run.seconds, None, cpu) for name, (run, cpu) in runs.items()])
     for connector, baseline, what in (
         ("spark", "raw+ids", "write exactly-once: spark vs raw+ids (msgs/s)"),

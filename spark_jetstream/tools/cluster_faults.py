@@ -1,5 +1,5 @@
 """Leader faults on an ``EmbeddedCluster`` while a query runs: what the leader-change tests and
-``bench/leader_change.py`` share (a publisher that records what was stored, finding and moving
+``bench/scenarios/leader_change.py`` share (a publisher that records what was stored, finding and moving
 leaders, killing one and restarting it on its store, reading the commit times of a checkpoint)."""
 
 from __future__ import annotations

@@ -232,7 +232,7 @@ class EmbeddedCluster:
         self.close()
 
 
-# -- leader faults on a cluster: tests/test_leader_change_query.py and bench/leader_change.py -----------
+# -- leader faults on a cluster: tests/test_leader_change_query.py and bench/scenarios/leader_change.py -
 
 
 def meta_leader(servers: Iterable[EmbeddedServer]) -> str | None:

@@ -1,0 +1,207 @@
+"""``leader-change``: how long a streaming query stalls when a leader dies under load, and whether it fails.
+
+A 3-node cluster of its own (``EmbeddedCluster``), a 4-partition R3 file stream, a publisher at ``RATE`` msg/s
+(JetStream publishes with a ``Nats-Msg-Id``, retried through the faults, so nothing is lost), and a streaming
+query (the scenario's ``local[2]`` session, 1 s trigger, ``maxMessagesPerTrigger=2000``, parquet sink). For each
+fault, one after another (``--leader-rounds`` times), ``SETTLE`` s of steady state first and the victim restarted
+on its store ``DOWN`` s later:
+
+* ``none``: no fault, the baseline (a 1 s trigger commits new rows within about a trigger);
+* ``stream leader``: SIGKILL of the stream's leader;
+* ``consumer leader``: SIGKILL of the leader of member consumer ``g-0`` (moved off the stream and
+  meta leaders first, so the fault is the consumer's alone);
+* ``meta leader``: SIGTERM of the JetStream meta leader.
+
+Measured per fault, from the moment the signal is sent: when the lost leader's successor answered
+(``elected``: the stream or consumer info names another leader, or a surviving server's ``/jsz``
+names a new meta leader), when the stream took writes again (``writable``: the publisher's first PubAck
+after its longest silence, ``cluster_faults.writable_again``), when the batch holding the first message
+stored then was committed (``new rows``, from the checkpoint's commit files), and the figure the target is
+about: that commit after the stream took writes again (``recovery``). Also the longest time without any
+commit around the fault, and whether the query failed (it is then restarted on its checkpoint for the next
+fault, and counted). The summary row is the worst recovery after a fault against the no-fault baseline.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from common import heading
+from suite import Suite, Summary, start_session
+
+from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.groups.layout import partitioned_stream_config
+from spark_jetstream.tools.cluster_faults import (
+    Publisher,
+    commits,
+    inject_fault,
+    longest_commit_gap,
+    wait_healthy,
+    writable_again,
+)
+from spark_jetstream.tools.embedded import EmbeddedCluster
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+STREAM = "LEAD"
+GROUP = "g"
+PARTITIONS = 4
+MAX_PER_TRIGGER = 2000
+RATE = 500
+"""Messages per second published throughout."""
+DOWN = 5.0
+"""Seconds before the victim is restarted."""
+SETTLE = 10.0
+"""Seconds of steady state before each fault."""
+NEW_ROWS_WAIT = 90.0
+"""Seconds to wait for a batch with new rows after a fault before calling it stalled for good."""
+FAULTS = ("none", "stream leader", "consumer leader", "meta leader")
+TARGET = 5.0
+"""New rows committed within this many seconds of the stream taking writes again."""
+
+
+@dataclass
+class Result:
+    fault: str
+    victim: str
+    led: str
+    elected: float | None
+    writable: float | None
+    new_rows: float | None
+    gap: float
+    failed: str
+
+    @property
+    def recovery(self) -> float | None:
+        """From the stream taking writes again to the commit of the first message it then stored."""
+        return None if self.new_rows is None or self.writable is None else self.new_rows - self.writable
+
+
+def start_query(spark: SparkSession, servers: str, work: Path) -> StreamingQuery:
+    return (
+        spark.readStream.format("jetstream")
+        .option("servers", servers)
+        .option("stream", STREAM)
+        .option("group", GROUP)
+        .option("maxMessagesPerTrigger", MAX_PER_TRIGGER)
+        .load()
+        .writeStream.format("parquet")
+        .option("path", str(work / "out"))
+        .option("checkpointLocation", str(work / "cp"))
+        .trigger(processingTime="1 second")
+        .start()
+    )
+
+
+def cause(text: str) -> str:
+    """The connector's error in a failed query's exception (Spark wraps it in pages of stack trace)."""
+    found = re.findall(r"spark_jetstream\.errors\.(\w+): ([^\n]+)", text) or re.findall(
+        r"(\w+(?:Error|Exception)): ([^\n]+)", text
+    )
+    return f"{found[-1][0]}: {found[-1][1]}"[:200] if found else text.strip().splitlines()[0][:200]
+
+
+def measure(suite: Suite, rounds: int) -> tuple[list[Result], int, int]:
+    """The faults ``rounds`` times on a cluster of their own; the results, query restarts and publish retries."""
+    work = Path(suite.work, "leader-change")
+    cluster = EmbeddedCluster(3, name="lead").start()
+    servers = [s.url for s in cluster.servers]
+    options = ConnectionOptions(servers=tuple(servers))
+    results: list[Result] = []
+    restarts = 0
+    publisher: Publisher | None = None
+    spark: SparkSession | None = None
+    try:
+        api = JetStreamApi(connect(options))
+        api.create_stream(partitioned_stream_config(STREAM, "lead.*", PARTITIONS, num_replicas=3, storage="file"))
+        publisher = Publisher(servers, RATE).start()
+        spark = start_session(suite, "leader-change")
+        # the cluster's servers were started from a helper thread (see scenarios/write.py)
+        spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)  # type: ignore[attr-defined]
+        query = start_query(spark, ",".join(servers), work)
+        checkpoint = work / "cp"
+        consumers = [f"{GROUP}-{p}" for p in range(PARTITIONS)]
+        while len(commits(checkpoint)) < 3:
+            if query.exception() is not None:
+                raise SystemExit(f"FAILED: the leader-change query failed at start: {query.exception()}")
+            time.sleep(0.2)
+        for fault in [f for _ in range(rounds) for f in FAULTS]:
+            if not wait_healthy(api, STREAM, consumers):
+                print("  warning: the cluster did not become healthy again")
+            time.sleep(SETTLE)
+            injected = inject_fault(fault, api, cluster, STREAM, consumers, publisher, DOWN, NEW_ROWS_WAIT)
+            at = injected.at
+            new_rows, writable, failed = None, None, "no"
+            deadline = at + NEW_ROWS_WAIT
+            while time.time() < deadline:
+                if query.exception() is not None or not query.isActive:
+                    failed = cause(str(query.exception() or "stopped"))
+                    restarts += 1
+                    query = start_query(spark, ",".join(servers), work)
+                again = writable_again(publisher, injected)
+                newer = [t for t, seq in commits(checkpoint) if again and t > at and seq >= again[1]]
+                if again and newer and time.time() > again[0] + 1.0:  # a longer stall would have shown by now
+                    writable, new_rows = again[0] - at, newer[0] - at
+                    break
+                time.sleep(0.1)
+            if injected.watcher is not None:
+                injected.watcher.join(NEW_ROWS_WAIT)
+            gap = longest_commit_gap([t for t, _ in commits(checkpoint)], at, at + (new_rows or NEW_ROWS_WAIT))
+            results.append(
+                Result(fault, injected.victim_name, injected.led, injected.elected, writable, new_rows, gap, failed)
+            )
+            print(f"  {fault}: {results[-1]}", flush=True)
+        query.stop()
+        return results, restarts, publisher.retries
+    finally:
+        if publisher is not None:
+            publisher.stop()
+        if spark is not None:
+            spark.stop()
+        disconnect(options)
+        cluster.close()
+
+
+def print_results(results: list[Result]) -> None:
+    def secs(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    print(
+        f"  {'fault':<17}{'victim':<8}{'it led':<22}{'elected s':>10}{'writable s':>11}{'new rows s':>11}"
+        f"{'recovery s':>11}{'no commit s':>12}  query failed"
+    )
+    for r in results:
+        timings = f"{secs(r.elected):>10}{secs(r.writable):>11}{secs(r.new_rows):>11}{secs(r.recovery):>11}"
+        print(f"  {r.fault:<17}{r.victim:<8}{r.led:<22}{timings}{r.gap:>12.1f}  {r.failed}")
+
+
+def run(suite: Suite) -> None:
+    rounds = suite.args.leader_rounds
+    heading(
+        f"leader-change: 3-node cluster, {RATE} msg/s, victim restarted after {DOWN:g} s, {rounds} round(s) of "
+        f"{', '.join(FAULTS)}"
+    )
+    results, restarts, retries = measure(suite, rounds)
+    print_results(results)
+    print(f"  query restarts: {restarts}; publishes retried through the faults: {retries}")
+    baselines = [r.recovery for r in results if r.fault == "none" and r.recovery is not None]
+    after = [r.recovery for r in results if r.fault != "none" and r.recovery is not None]
+    stalled = any(r.recovery is None or r.failed != "no" for r in results)
+    worst = max(after, default=float("nan"))
+    suite.summary.append(
+        Summary(
+            "leader change: stream writable to new rows committed, worst fault (s)",
+            worst,
+            baselines[0] if baselines else float("nan"),
+            "s",
+            f"< {TARGET:g} s, no failure",
+            worst < TARGET and not stalled,
+        )
+    )
