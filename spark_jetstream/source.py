@@ -1,7 +1,7 @@
 """The Spark-facing layer: the ``jetstream`` data source and its stream reader. Thin: it
-converts Spark's offsets and read limits and delegates to the coordinator (driver) and, in
-executors, to Direct Get reads (``direct.py``) or, with ``readMode=pull``, the pinned pull reader
-(``pull.py``); batch reads live in ``batch.py``, writes in ``sink.py``.
+converts Spark's offsets and read limits and delegates to the coordinator (``streaming/coordinator.py``, driver)
+and, in executors, to Direct Get reads (``read/direct.py``) or the pinned pull reader (``streaming/pull.py``);
+batch reads live in ``read/batch.py``, writes in ``sink/writer.py``.
 
 >>> spark.readStream.format("jetstream").option("servers", "nats://localhost:4222") \\
 ...     .option("stream", "orders").option("group", "spark").load()

@@ -84,8 +84,15 @@ NOT_IN_A_CLONE = shutil.ignore_patterns(
     ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".ruff_cache", "spark-warehouse"
 )
 """What a fresh clone lacks: a stale ``build/`` would put files into the wheel that the tree no longer has."""
-HOST_PYTHON_SETTINGS = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_HOME", "PYTHONPATH", "PYTHONHOME")
-"""Settings that would make the demo's Spark use the suite's Python or PySpark instead of the new venv's."""
+HOST_PYTHON_SETTINGS = (
+    "PYSPARK_PYTHON",
+    "PYSPARK_DRIVER_PYTHON",
+    "SPARK_HOME",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "JAVA_TOOL_OPTIONS",
+)
+"""Settings that would make the demo's Spark use the suite's Python, PySpark or JVM flags instead of a user's."""
 
 
 def user_env(venv: Path, tmp: Path) -> dict[str, str]:
