@@ -181,6 +181,32 @@ class Cpu:
 
     own_cores: float
     other_share: float
+    seconds: dict[str, float] = field(default_factory=dict)
+    """CPU seconds by kind of process (``KINDS``): where a measurement's CPU went."""
+
+
+KINDS = ("nats-server", "JVM", "Python workers", "planner", "this process")
+"""The benchmark's processes by what they do: the server, Spark's JVM, the executors' Python workers (reads run
+there), the Python processes the JVM starts to plan a Python source, and this (driver) process."""
+
+
+def process_kind(pid: int) -> str:
+    """Which of ``KINDS`` process ``pid`` is, from its command line."""
+    if pid == os.getpid():
+        return "this process"
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            words = cmdline.read().split(b"\0")
+    except OSError:
+        return "Python workers"
+    text = b" ".join(words)
+    if b"nats-server" in words[0]:
+        return "nats-server"
+    if words[0].endswith(b"java"):
+        return "JVM"
+    if b"pyspark.daemon" in text or b"pyspark.worker" in text:
+        return "Python workers"
+    return "planner"  # python_streaming_source_runner, plan_data_source_read and the like
 
 
 def busy_ticks() -> int:
@@ -218,22 +244,32 @@ class CpuWatch:
         self.busy = busy_ticks()
         self.first = own_ticks()
         self.last = dict(self.first)
+        self.kinds = {key: process_kind(key[0]) for key in self.first}
         self._done = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="cpu-watch", daemon=True)
         self._poller.start()
 
     def _poll(self) -> None:
         while not self._done.wait(self.POLL):
-            self.last.update(own_ticks())
+            self._update()
+
+    def _update(self) -> None:
+        ticks = own_ticks()
+        for key in ticks.keys() - self.kinds.keys():
+            self.kinds[key] = process_kind(key[0])
+        self.last.update(ticks)
 
     def stop(self) -> Cpu:
         self._done.set()
         self._poller.join()
-        self.last.update(own_ticks())
+        self._update()
         wall = time.perf_counter() - self.began
-        own = sum(ticks - self.first.get(key, 0) for key, ticks in self.last.items())
-        other = max(0, busy_ticks() - self.busy - own)
-        return Cpu(own / TICKS / wall, other / TICKS / wall / (os.cpu_count() or 1))
+        seconds = dict.fromkeys(KINDS, 0.0)
+        for key, ticks in self.last.items():
+            seconds[self.kinds[key]] += (ticks - self.first.get(key, 0)) / TICKS
+        own = sum(seconds.values())
+        other = max(0.0, (busy_ticks() - self.busy) / TICKS - own)
+        return Cpu(own / wall, other / wall / (os.cpu_count() or 1), seconds)
 
 
 # -- the measured Spark read ---------------------------------------------------------------------

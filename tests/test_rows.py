@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from spark_jetstream.read.rows import (
     HEADERS_TYPE,
+    RowBatches,
     RowBuffer,
     arrow_schema,
     headers_array,
@@ -101,10 +103,6 @@ def test_building_a_batch_imports_no_pandas():
 def test_row_batches_stay_within_their_row_and_byte_bounds():
     """Every batch holds at most ``max_rows`` rows and ``max_bytes`` payload and header bytes, except a single
     message larger than the bound, which gets a batch of its own; nothing is lost or reordered."""
-    import random
-
-    from spark_jetstream.read.rows import RowBatches
-
     rng = random.Random(3)
     sizes = [rng.choice([0, 10, 900, 1000, 1001, 5000]) for _ in range(400)]
     batches = RowBatches(max_rows=7, max_bytes=2000, keep_headers=True)
@@ -123,3 +121,34 @@ def test_row_batches_stay_within_their_row_and_byte_bounds():
         assert built.column("data").to_pylist() == [bytes([s % 251]) * sizes[s - 1] for s in rows.seqs]
     assert seen == list(range(1, len(sizes) + 1))
     assert batches.buffered() == (len(sizes), sum(r.nbytes for r in batches.ready))
+
+
+@pytest.mark.parametrize("keep_headers", [True, False])
+def test_runs_of_messages_make_the_batches_one_message_at_a_time_makes(keep_headers):
+    """``RowBatches.extend`` (a run of Direct Get replies at once) bounds batches exactly as ``add`` does."""
+    rng = random.Random(5)
+    sizes = [rng.choice([0, 10, 900, 1000, 1001, 5000]) for _ in range(400)]
+    header = b"NATS/1.0\r\nk: v\r\n\r\n"
+    messages = [
+        (b"0.s%d" % seq, bytes([seq % 251]) * size, seq, b"%d" % seq, header if seq % 3 else None)
+        for seq, size in enumerate(sizes, 1)
+    ]
+    one, runs = (RowBatches(max_rows=7, max_bytes=2000, keep_headers=keep_headers) for _ in range(2))
+    for message in messages:
+        one.add(*message)
+    first = 0
+    while first < len(messages):
+        run = messages[first : first + rng.choice([1, 2, 5, 13, 40])]
+        subjects, payloads, seqs, stamps, headers = (list(column) for column in zip(*run, strict=True))
+        runs.extend(subjects, [memoryview(p) for p in payloads], seqs, stamps, headers)
+        first += len(run)
+    one.flush()
+    runs.flush()
+
+    def shape(batches: RowBatches) -> list[tuple]:
+        return [
+            (rows.seqs, rows.subjects, bytes(rows.payload), list(rows.offsets), rows.times, rows.headers, rows.nbytes)
+            for rows in batches.ready
+        ]
+
+    assert shape(runs) == shape(one)

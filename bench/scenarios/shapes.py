@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from common import Cpu, heading
+from common import KINDS, Cpu, heading
 from noio import noio_source
 from raw_direct import run_direct_parallel
 from raw_pull import run_baseline_parallel
@@ -82,6 +82,7 @@ class Row:
     seconds: float
     cpu: Cpu | None
     reference: float | None = None  # the lower of the path's raw loop and Spark's ceiling
+    phases: dict[str, float] | None = None  # a streaming read's durationMs summed over its batches
 
     @property
     def ratio(self) -> float | None:
@@ -99,9 +100,9 @@ def run(suite: Suite) -> None:
             "streaming": _best(suite, "Spark no-I/O streaming", lambda r: _streaming(suite, NOIO, {}, f"noio-{r}")),
             "batch": _best(suite, "Spark no-I/O batch", lambda r: _batch(suite, NOIO, {})),
         }
-        for kind, (seconds, cpu) in ceiling.items():
-            rows.append(Row("-", f"Spark no-I/O {kind}", count / seconds, seconds, cpu))
-        rates = {kind: count / seconds for kind, (seconds, _) in ceiling.items()}
+        for kind, (seconds, cpu, phases) in ceiling.items():
+            rows.append(Row("-", f"Spark no-I/O {kind}", count / seconds, seconds, cpu, phases=phases))
+        rates = {kind: count / seconds for kind, (seconds, _, _) in ceiling.items()}
         for index, shape in enumerate(SHAPES):
             rows += _one_shape(suite, index, shape, rates)
     finally:
@@ -123,7 +124,7 @@ def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]
         raise SystemExit(f"FAILED: published {published.count:,} of {count:,} messages ({shape.name})")
     print(f"  {shape.name}: {count:,} messages published", flush=True)
     options = {"servers": suite.url, "stream": STREAM}
-    timed: dict[str, tuple[float, Cpu]] = {}
+    timed: dict[str, tuple[float, Cpu, dict[str, float] | None]] = {}
     for mode, extra in MODES.items():
         slug = f"shape{index}-{mode.split('=')[0].lower()}"
         if shape.direct or mode != "minPartitions=8":  # pulling, a member consumer is read by one task
@@ -148,10 +149,10 @@ def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]
     )
     raw["pull"] = (count / seconds, f"raw pull ({len(consumers)} consumers)")
     out = [Row(shape.name, what, rate, count / rate, None) for rate, what in raw.values()]
-    for what, (seconds, cpu) in timed.items():
+    for what, (seconds, cpu, phases) in timed.items():
         kind, mode = what.split(" ", 1)
         path = "pull" if mode == "readMode=pull" or not shape.direct else "direct"
-        out.append(Row(shape.name, what, count / seconds, seconds, cpu, min(raw[path][0], ceiling[kind])))
+        out.append(Row(shape.name, what, count / seconds, seconds, cpu, min(raw[path][0], ceiling[kind]), phases))
     return out
 
 
@@ -167,7 +168,8 @@ def _raw_direct(suite: Suite, filters: list[str]) -> float:
     return _checked((seconds, got), suite.args.shape_messages, "the raw Direct Get")
 
 
-def _streaming(suite: Suite, source: str, options: dict[str, str], group: str) -> None:
+def _streaming(suite: Suite, source: str, options: dict[str, str], group: str) -> dict[str, float]:
+    """Read the whole stream; returns Spark's ``durationMs`` phases summed over the query's batches."""
     from pyspark.sql import SparkSession
 
     spark, count = SparkSession.getActiveSession(), suite.args.shape_messages
@@ -185,6 +187,11 @@ def _streaming(suite: Suite, source: str, options: dict[str, str], group: str) -
     got = sum(p["numInputRows"] for p in query.recentProgress)
     if got != count:
         raise SystemExit(f"FAILED: the streaming read ({source}, {options}) read {got:,} of {count:,}")
+    phases: dict[str, float] = {"batches": len(query.recentProgress)}
+    for progress in query.recentProgress:
+        for name, ms in progress["durationMs"].items():
+            phases[name] = phases.get(name, 0) + ms
+    return phases
 
 
 def _batch(suite: Suite, source: str, options: dict[str, str]) -> None:
@@ -196,16 +203,18 @@ def _batch(suite: Suite, source: str, options: dict[str, str]) -> None:
         raise SystemExit(f"FAILED: the batch read ({source}, {options}) read {got:,} of {count:,}")
 
 
-def _best(suite: Suite, label: str, work: Callable[[int], None]) -> tuple[float, Cpu]:
-    """The fastest of ``ROUNDS`` runs of ``work(round)``: seconds and CPU."""
+def _best(
+    suite: Suite, label: str, work: Callable[[int], dict[str, float] | None]
+) -> tuple[float, Cpu, dict[str, float] | None]:
+    """The fastest of ``ROUNDS`` runs of ``work(round)``: seconds, CPU and what ``work`` returned."""
     from pyspark.sql import SparkSession
 
     runs = []
     for round_ in range(ROUNDS):
         watch = Measurement(suite, f"{label}, run {round_}", SparkSession.getActiveSession())
         began = time.perf_counter()
-        work(round_)
-        runs.append((time.perf_counter() - began, watch.stop()))
+        phases = work(round_)
+        runs.append((time.perf_counter() - began, watch.stop(), phases))
     return min(runs, key=lambda r: r[0])
 
 
@@ -218,6 +227,26 @@ def _report(suite: Suite, rows: list[Row]) -> None:
         print(
             f"  {row.shape:<31} {row.what:<26} {row.rate:>9,.0f} {row.seconds:>6.2f} {ratio:>6} {cores:>6} {other:>9}"
         )
+    print("  CPU per message by process (us; the same runs):")
+    print(f"  {'shape':<31} {'read':<26} " + " ".join(f"{kind:>14}" for kind in KINDS) + f" {'all':>6}")
+    for row in rows:
+        if row.cpu and row.cpu.seconds:
+            count = row.rate * row.seconds
+            per = [row.cpu.seconds[kind] / count * 1e6 for kind in KINDS]
+            print(f"  {row.shape:<31} {row.what:<26} " + " ".join(f"{v:>14.2f}" for v in per) + f" {sum(per):>6.2f}")
+    print("  Streaming queries, where the time went (s; Spark's durationMs summed over the batches):")
+    names = ("latestOffset", "queryPlanning", "addBatch", "walCommit", "commitOffsets")
+    print(
+        f"  {'shape':<31} {'read':<26} {'wall':>6} {'batches':>7} {'outside':>7} " + " ".join(f"{n:>13}" for n in names)
+    )
+    for row in rows:
+        if row.phases:
+            ph = row.phases
+            outside = row.seconds - ph.get("triggerExecution", 0) / 1000
+            print(
+                f"  {row.shape:<31} {row.what:<26} {row.seconds:>6.2f} {ph['batches']:>7.0f} {outside:>7.2f} "
+                + " ".join(f"{ph.get(n, 0) / 1000:>13.2f}" for n in names)
+            )
     seconds = {(row.shape, row.what): row.seconds for row in rows}
     slower = [  # a streaming read's time over the batch read's of the same shape and mode
         (seconds[(shape, what)] / seconds[(shape, "batch" + what[len("streaming") :])], shape, what)

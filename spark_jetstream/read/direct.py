@@ -14,6 +14,7 @@ Rows have the streaming source's schema (``read.rows``).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import heapq
 import json
@@ -226,14 +227,19 @@ class _DirectReader:
 
     def _bulk(self, sid: int) -> BulkHandler:
         """Bulk handler of the Direct Get inbox: takes runs of replies straight from the read buffer, one regex
-        match each. Measured against a parser pass plus a header dict per message: a third less client CPU
-        (0.40 -> 0.27 s per 50,000 messages), which the JVM and the server share two cores with during a batch.
-        Statuses, replies it does not recognise and incomplete ones go to ``_on_message``."""
+        match each, and keeps each run in one step (decision 0011: the client's CPU is shared with the JVM and the
+        server). Statuses, replies it does not recognise and incomplete ones go to ``_on_message``."""
         own = b"%d" % sid
         match = _REPLY.match
 
         def take(buf: bytearray, view: memoryview, pos: int) -> int:
-            keep, keep_headers, size = self._keep, self.range.include_headers, len(buf)
+            keep_headers, size = self.range.include_headers, len(buf)
+            subjects: list[bytes] = []
+            payloads: list[memoryview] = []
+            seqs: list[int] = []
+            stamps: list[bytes] = []
+            headers: list[bytes | None] = []
+            pending = None
             while (found := match(buf, pos)) is not None:
                 msg_sid, header_size, total, _, subject, seq, stamp, pending = found.groups()
                 start, own_end = found.span(4)
@@ -242,8 +248,14 @@ class _DirectReader:
                 if msg_sid != own or found.end() != header_end or end + 2 > size:
                     break  # another subscription's, headers it cannot vouch for, or not all here yet
                 pos = end + 2
-                own_headers = bytes(view[start:own_end]) + b"\r\n" if keep_headers else None
-                keep(int(seq), subject, view[header_end:end], stamp, own_headers, pending)
+                subjects.append(subject)
+                payloads.append(view[header_end:end])
+                seqs.append(int(seq))
+                stamps.append(stamp)
+                if keep_headers:
+                    headers.append(bytes(view[start:own_end]) + b"\r\n")
+            if seqs:
+                self._keep(subjects, payloads, seqs, stamps, headers if keep_headers else None, pending)
             return pos
 
         return take
@@ -263,33 +275,43 @@ class _DirectReader:
         cut = headers.rfind(_DIRECT_HEADERS)
         fields = dict(line.split(b": ", 1) for line in headers[cut + 2 : -4].split(b"\r\n"))
         self._keep(
-            int(fields[b"Nats-Sequence"]),
-            fields[b"Nats-Subject"],
-            data,
-            fields[b"Nats-Time-Stamp"],
-            headers[:cut] + b"\r\n\r\n",
+            [fields[b"Nats-Subject"]],
+            [data],
+            [int(fields[b"Nats-Sequence"])],
+            [fields[b"Nats-Time-Stamp"]],
+            [headers[:cut] + b"\r\n\r\n"],
             fields.get(b"Nats-Num-Pending"),
         )
 
     def _keep(
         self,
-        seq: int,
-        subject: bytes,
-        data: bytes | memoryview,
-        stamp: bytes,
-        headers: bytes | None,
+        subjects: list[bytes],
+        payloads: list[bytes] | list[memoryview],
+        seqs: list[int],
+        stamps: list[bytes],
+        headers: list[bytes | None] | None,
         pending: bytes | None,
     ) -> None:
-        """One message of a reply into the rows, whichever path parsed it (loop thread, once per message)."""
-        if seq <= self.last or self.done:
+        """A run of replies (seqs ascending) into the rows, whichever path parsed it (loop thread): seqs already
+        read are skipped, and one past the range ends it (this filter has nothing more in it). ``pending``: the
+        last reply's count of matching messages after it."""
+        if self.done:
             return
-        if seq > self.range.end:  # past the range: this filter has nothing more in it
+        first, stop = bisect.bisect_right(seqs, self.last), bisect.bisect_right(seqs, self.range.end)
+        if stop < len(seqs):
             self.done = True
+        if first >= stop:
             return
-        self.received += 1
+        self.received += stop - first
         self.pending = int(pending) if pending is not None else -1
-        self.batches.add(subject, data, seq, stamp, headers)  # the time as RFC 3339 text, parsed per batch
-        self.last = seq
+        self.batches.extend(  # the time as RFC 3339 text, parsed per batch
+            subjects[first:stop],
+            payloads[first:stop],
+            seqs[first:stop],
+            stamps[first:stop],
+            headers[first:stop] if headers is not None else None,
+        )
+        self.last = seqs[stop - 1]
 
     async def _leader_has_more(self) -> bool:
         """Whether the stream leader holds a matching message in ``(last, end]`` (read-after-write)."""

@@ -11,11 +11,12 @@ worker, on the way to the first batch).
 
 from __future__ import annotations
 
+import bisect
 from array import array
 from collections import deque
 from collections.abc import Sequence
 from functools import cache
-from itertools import accumulate
+from itertools import accumulate, islice
 
 import pyarrow as pa
 
@@ -148,6 +149,17 @@ class RowBuffer:
         self.times.append(stamp)  # type: ignore[union-attr,arg-type]
         self.nbytes += len(data)
 
+    def extend(
+        self, subjects: Sequence[bytes], payloads: Sequence[bytes | memoryview], seqs: Sequence[int], stamps: Sequence
+    ) -> None:
+        """``add`` for each message of a run, with the per-message work done in C; the caller counts ``nbytes``."""
+        end = len(self.payload)
+        self.payload += b"".join(payloads)
+        self.offsets.extend(islice(accumulate(map(len, payloads), initial=end), 1, None))
+        self.subjects.extend(subjects)
+        self.seqs.extend(seqs)
+        self.times.extend(stamps)  # type: ignore[union-attr,arg-type]
+
     def data_array(self) -> pa.Array:
         """The data column, over ``payload`` itself (no copy): the buffer is done growing once this is built."""
         return pa.Array.from_buffers(
@@ -213,6 +225,39 @@ class RowBatches:
         if len(rows.seqs) >= self.max_rows:
             self.ready.append(rows)
             self.rows = RowBuffer()
+
+    def extend(
+        self,
+        subjects: Sequence[bytes],
+        payloads: Sequence[bytes | memoryview],
+        seqs: Sequence[int],
+        stamps: Sequence,
+        headers: Sequence[bytes | None] | None,
+    ) -> None:
+        """A run of messages, bounded as ``add`` bounds each one: what fits goes into the current batch in one
+        step (the hot path's), the rest into the next ones."""
+        keep_headers = self.keep_headers and headers is not None
+        sizes = list(map(len, payloads))
+        if keep_headers:
+            sizes = [size + len(block or b"") for size, block in zip(sizes, headers, strict=True)]  # type: ignore[arg-type]
+        first, count = 0, len(seqs)
+        while first < count:
+            rows = self.rows
+            last = min(count, first + self.max_rows - len(rows.seqs))
+            ends = list(accumulate(sizes[first:last], initial=rows.nbytes))
+            fit = max(0, bisect.bisect_right(ends, self.max_bytes) - 1)  # how many of them fit in the byte bound
+            if fit == 0 and not rows.seqs:
+                fit = 1  # a message larger than the bound gets a batch of its own
+            stop = first + fit
+            rows.extend(subjects[first:stop], payloads[first:stop], seqs[first:stop], stamps[first:stop])
+            rows.nbytes = ends[fit]
+            if keep_headers:
+                rows.headers.extend(headers[first:stop])  # type: ignore[index]
+            if stop < count or len(rows.seqs) >= self.max_rows:
+                if rows.seqs:
+                    self.ready.append(rows)
+                self.rows = RowBuffer()
+            first = stop
 
     def flush(self) -> None:
         """The rows collected so far become a batch of their own (the read is complete)."""
