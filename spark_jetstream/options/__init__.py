@@ -11,7 +11,7 @@ defaults itself and the definitions show them), the command line builds its conn
 and the README's option tables are generated from them, so code and docs cannot drift apart.
 
 This module is what the rest of the package imports; what an option is lives in ``options/option.py``, the
-table in ``options/definitions.py``, the rules in ``options/checks.py``, the README's tables in ``options/docs.py``
+table in ``options/definitions.py``, the rules in ``options/parse.py``, the README's tables in ``options/docs.py``
 and the value parsers in ``options/parsers.py``.
 """
 
@@ -22,10 +22,10 @@ from dataclasses import fields
 from typing import Any
 
 from spark_jetstream.client.connection_options import ConnectionOptions
-from spark_jetstream.options.checks import SPARK_WRITE_OPTIONS, parse_options
 from spark_jetstream.options.definitions import OPTIONS, options_for
 from spark_jetstream.options.docs import options_markdown
 from spark_jetstream.options.option import ALL, BATCH, LOAD, READ, STREAM, WRITE, Option
+from spark_jetstream.options.parse import SPARK_WRITE_OPTIONS, parse_options
 from spark_jetstream.options.parsers import (
     ACK_POLICIES,
     DEFAULT_PRIORITY_TIMEOUT,

@@ -2,7 +2,7 @@
 fills and the modes (streaming read, batch read, write) it belongs to.
 
 The table only: ``options/option.py`` is what an option is, ``options/__init__.py`` how the rest of the package
-reads them (``parse_options``, ``default_of``, ``config_values``), ``options/checks.py`` the rules a set of given
+reads them (``parse_options``, ``default_of``, ``config_values``), ``options/parse.py`` the rules a set of given
 options must follow and ``options/docs.py`` the README's tables built from them.
 """
 

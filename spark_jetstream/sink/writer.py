@@ -44,9 +44,9 @@ from pyspark.sql.types import StructType
 
 from spark_jetstream.client.connection import connect
 from spark_jetstream.errors import JetStreamError, OptionError
-from spark_jetstream.sink.commands import publish_rows
 from spark_jetstream.sink.config import Columns, SinkConfig, check_columns
 from spark_jetstream.sink.markers import ensure_bucket, read_marker, write_marker
+from spark_jetstream.sink.publishing import publish_rows
 from spark_jetstream.spark_compat import DataSourceArrowWriter, StreamWriterBase, WriterCommitMessage, record_batches
 
 log = logging.getLogger(__name__)

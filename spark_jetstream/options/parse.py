@@ -1,6 +1,6 @@
-"""The rules a set of given options must follow, for one mode: known names (with the closest valid one
-suggested), the right mode (saying where an option belongs), required options, well-formed values and
-consistent combinations. ``options.parse_options`` is the entry point."""
+"""Parsing the options given for one mode (``parse_options``) by the rules they must follow: known names (the
+closest valid one suggested), the right mode (saying where an option belongs), required options, well-formed
+values and consistent combinations."""
 
 from __future__ import annotations
 

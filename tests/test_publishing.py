@@ -33,8 +33,8 @@ def test_commands_carry_exactly_the_headers_asked_for(deduplicate, expected, col
     import pyarrow as pa
 
     from spark_jetstream.client.connection import ConnectionOptions
-    from spark_jetstream.sink.commands import Commands, value_range
     from spark_jetstream.sink.config import Columns, SinkConfig
+    from spark_jetstream.sink.publishing import Commands, value_range
 
     names = columns.split(",")
     values = {
@@ -91,7 +91,7 @@ def test_write_slices_stay_within_their_row_and_byte_bounds():
     import random
     from itertools import accumulate
 
-    from spark_jetstream.sink.commands import slices
+    from spark_jetstream.sink.publishing import slices
 
     rng = random.Random(5)
     sizes = [rng.choice([0, 1, 500, 1000, 1001, 4000]) for _ in range(300)]

@@ -2,7 +2,7 @@
 
 Python does no per-row work unless the rows carry ``headers``; ``publish_rows`` sends the built
 commands through one pipelined ``Publisher`` and checks every PubAck. No Spark here: the commands are
-a pure rule over Arrow batches (``tests/test_commands.py``).
+a pure rule over Arrow batches (``tests/test_publishing.py``).
 """
 
 from __future__ import annotations
