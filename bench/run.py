@@ -18,6 +18,7 @@ Each scenario is one module of ``bench/scenarios/`` that owns its measurement; t
   and pull loops and a no-I/O Python source.
 * ``first-batch``: ``load()`` plus the first batch in fresh processes, against a no-I/O source and ``rate``
   (``--first-batch-rounds``).
+* ``cold-job``: an ``availableNow`` job over ``--cold-messages`` in a fresh process, against the raw Direct Get loop.
 * ``leader-change``: a query on a 3-node cluster of its own through leader faults (``--leader-rounds``).
 * ``pull-reader``: the pinned pull reader against the raw pull loop, outside Spark (``--pull-partitions``,
   ``--pull-subjects``).
@@ -47,6 +48,7 @@ from pathlib import Path
 
 from common import SUBJECTS, WARMUP_STREAM, create_stream, publish, server_version, warmup_messages
 from scenarios import (
+    cold_job,
     first_batch,
     large_messages,
     latency,
@@ -74,6 +76,7 @@ RUNNERS: dict[str, Callable[[Suite], None]] = {
     "large-messages": large_messages.run,
     "shapes": shapes.run,
     "first-batch": first_batch.run,
+    "cold-job": cold_job.run,
     "leader-change": leader_change.run,
     "pull-reader": pull_reader.run,
 }
@@ -110,6 +113,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rate", type=int, default=5000, help="msg/s published during the latency run")
     parser.add_argument("--large-mb", type=int, default=None, help="MB of payload per message size of large-messages")
     parser.add_argument("--shape-messages", type=int, default=None, help="messages per stream shape (400,000)")
+    parser.add_argument("--cold-messages", type=int, default=None, help="messages of cold-job (3,000,000)")
     parser.add_argument("--first-batch-rounds", type=int, default=3, help="interleaved rounds of first-batch (3)")
     parser.add_argument("--leader-rounds", type=int, default=1, help="rounds of leader-change's faults (1)")
     parser.add_argument("--pull-partitions", type=int, default=4, help="partitions (members) of pull-reader (4)")
@@ -121,6 +125,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.latency_seconds = args.latency_seconds or (15.0 if args.quick else 60.0)
     args.large_mb = args.large_mb or (200 if args.quick else 1000)
     args.shape_messages = args.shape_messages or (100_000 if args.quick else 400_000)
+    args.cold_messages = args.cold_messages or (300_000 if args.quick else 3_000_000)
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in args.only if s not in SCENARIOS]
     if unknown or not args.only:
