@@ -20,8 +20,8 @@ from spark_jetstream.client.publish import Message, publish_all
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-LATENCY_P50_TARGET = 1.0
-LATENCY_P99_TARGET = 2.0
+LATENCY_P50_TARGET = 0.3
+LATENCY_P99_TARGET = 0.5
 TICK = 0.01
 """Seconds between the latency publisher's sends."""
 PRIMING = 200
