@@ -139,13 +139,17 @@ class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
         return [InputPartition(r) for r in self.coordinator.plan(self._watermark(start), self._watermark(end))]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """A ``SeqRange`` is read with Direct Get, a ``MemberRange`` pulled from its member consumer."""
+        """A ``SeqRange`` is read with Direct Get (a ``SmallBatch``'s ranges one after the other), a ``MemberRange``
+        pulled from its member consumer."""
         from spark_jetstream.client.connection import connect
         from spark_jetstream.read.direct import read_range
-        from spark_jetstream.read.ranges import SeqRange
+        from spark_jetstream.read.ranges import SeqRange, SmallBatch
 
         conn = connect(self.config.connection)
-        if isinstance(partition.value, SeqRange):
+        if isinstance(partition.value, SmallBatch):
+            for seq_range in partition.value.ranges:
+                yield from read_range(conn, seq_range)
+        elif isinstance(partition.value, SeqRange):
             yield from read_range(conn, partition.value)
         else:
             from pyspark import TaskContext

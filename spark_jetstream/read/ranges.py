@@ -41,3 +41,11 @@ class MemberRange:
     partitioned: bool = True
     include_headers: bool = False
     priority_group: str = PRIORITY_GROUP
+
+
+@dataclass(frozen=True)
+class SmallBatch:
+    """A micro-batch small enough that one task reads its ranges, one after the other: a task's fixed cost
+    (scheduling, a Python worker's round trip, an Arrow stream) is more than reading a few thousand messages."""
+
+    ranges: tuple[SeqRange, ...]
