@@ -27,9 +27,9 @@ import pyarrow as pa
 
 from spark_jetstream.client import messages
 from spark_jetstream.client.connection import ATTEMPT_TIMEOUT, Connection
-from spark_jetstream.client.jsapi import NO_MESSAGE_FOUND, JetStreamApi
+from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.protocol import STATUS_PREFIX, BulkHandler, status_line
-from spark_jetstream.errors import ApiError, ClusterUnavailableError, ReaderError
+from spark_jetstream.errors import ClusterUnavailableError, ReaderError
 from spark_jetstream.read.ranges import SeqRange
 from spark_jetstream.read.rows import RowBatches, RowBuffer, binary_array
 
@@ -315,13 +315,6 @@ class _DirectReader:
 
     async def _leader_has_more(self) -> bool:
         """Whether the stream leader holds a matching message in ``(last, end]`` (read-after-write)."""
-        body = {"seq": self.last + 1, "next_by_subj": self.range.filter}
-        try:
-            reply = await self.api.call_async(
-                ("STREAM", "MSG", "GET", self.range.stream), body, f"Reading {self.range.filter}", self.range.stream
-            )
-        except ApiError as exc:
-            if exc.err_code == NO_MESSAGE_FOUND:
-                return False
-            raise
-        return reply["message"]["seq"] <= self.range.end
+        request = {"seq": self.last + 1, "next_by_subj": self.range.filter}
+        found = await messages.next_seq_async(self.api, self.range.stream, request)
+        return found is not None and found <= self.range.end

@@ -150,12 +150,18 @@ class RowBuffer:
         self.nbytes += len(data)
 
     def extend(
-        self, subjects: Sequence[bytes], payloads: Sequence[bytes | memoryview], seqs: Sequence[int], stamps: Sequence
+        self,
+        subjects: Sequence[bytes],
+        payloads: Sequence[bytes | memoryview],
+        sizes: Sequence[int],
+        seqs: Sequence[int],
+        stamps: Sequence,
     ) -> None:
-        """``add`` for each message of a run, with the per-message work done in C; the caller counts ``nbytes``."""
-        end = len(self.payload)
-        self.payload += b"".join(payloads)
-        self.offsets.extend(islice(accumulate(map(len, payloads), initial=end), 1, None))
+        """``add`` for each message of a run (``sizes``: the payloads' lengths); the caller counts ``nbytes``."""
+        payload = self.payload
+        self.offsets.extend(islice(accumulate(sizes, initial=len(payload)), 1, None))
+        for data in payloads:  # straight from the read buffer into the column, as ``add``
+            payload += data
         self.subjects.extend(subjects)
         self.seqs.extend(seqs)
         self.times.extend(stamps)  # type: ignore[union-attr,arg-type]
@@ -238,18 +244,21 @@ class RowBatches:
         step (the hot path's), the rest into the next ones."""
         keep_headers = self.keep_headers and headers is not None
         sizes = list(map(len, payloads))
+        counted = sizes  # what the byte bound counts
         if keep_headers:
-            sizes = [size + len(block or b"") for size, block in zip(sizes, headers, strict=True)]  # type: ignore[arg-type]
+            counted = [size + len(block or b"") for size, block in zip(sizes, headers, strict=True)]  # type: ignore[arg-type]
         first, count = 0, len(seqs)
         while first < count:
             rows = self.rows
             last = min(count, first + self.max_rows - len(rows.seqs))
-            ends = list(accumulate(sizes[first:last], initial=rows.nbytes))
+            ends = list(accumulate(counted[first:last], initial=rows.nbytes))
             fit = max(0, bisect.bisect_right(ends, self.max_bytes) - 1)  # how many of them fit in the byte bound
             if fit == 0 and not rows.seqs:
                 fit = 1  # a message larger than the bound gets a batch of its own
             stop = first + fit
-            rows.extend(subjects[first:stop], payloads[first:stop], seqs[first:stop], stamps[first:stop])
+            rows.extend(
+                subjects[first:stop], payloads[first:stop], sizes[first:stop], seqs[first:stop], stamps[first:stop]
+            )
             rows.nbytes = ends[fit]
             if keep_headers:
                 rows.headers.extend(headers[first:stop])  # type: ignore[index]

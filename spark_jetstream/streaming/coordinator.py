@@ -238,7 +238,8 @@ class Coordinator:
         self._acknowledge(start, remade=changed)
         if self.pins is None:  # the pin keeper checks the member consumers every second and before floors move
             self.members.check_unchanged()
-        self._check_data_loss(start, self.state(fresh=True))
+        state = self.state(fresh=True)
+        self._check_data_loss(start, state)
         fault_point("plan")  # the batch is in the offset log; no task has read it
         layout = self.layout
         filters = layout.read_filters
@@ -258,10 +259,12 @@ class Coordinator:
             firsts = first_seqs(self.conn, self.stream, filters, start.seq, end.seq)
             if self.pins is not None:
                 self.pins.settle(FLOOR_WAIT)
-            ranges = spread(split(template, firsts, filters, end.seq - start.seq), self.config.min_partitions)
             width = end.seq - start.seq
-            small = width <= ONE_TASK_MESSAGES and width * self.state().average_size <= template.record_batch_bytes
-            if small and len(ranges) > 1 and self.config.min_partitions is None:
+            ranges = split(template, firsts, filters, width)
+            if self.config.min_partitions is not None:
+                return spread(ranges, self.config.min_partitions)
+            small = width <= ONE_TASK_MESSAGES and width * state.average_size <= template.record_batch_bytes
+            if small and len(ranges) > 1:
                 return [SmallBatch(tuple(ranges))]
             return ranges
         return [
