@@ -12,10 +12,13 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spark_jetstream.client.connection import Connection
@@ -347,3 +350,35 @@ def print_rows(rows: Sequence[tuple[str, int, float, int | None, Cpu | None]]) -
             f"  {name:<{width}} {count:>10,} {'-' if batches is None else batches:>7} {seconds:>8.2f} "
             f"{rate(count, seconds):>9,.0f} {other:>9}"
         )
+
+
+# -- fresh processes -----------------------------------------------------------------------------
+
+BENCH_DIR = Path(__file__).resolve().parent
+
+
+def in_fresh_process(function: str, *args: str) -> dict[str, Any]:
+    """``function`` (``"scenarios.<module>.<name>"``) called with ``args`` in a new Python process run from
+    ``bench/``, as a job or a first query runs: what it returns, as JSON. A failure ends the benchmark with the end
+    of its stderr."""
+    module, name = function.rsplit(".", 1)
+    code = f"import json, sys; from {module} import {name}; print(json.dumps({name}(*sys.argv[1:])))"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=BENCH_DIR, check=False
+    )
+    if done.returncode:
+        raise SystemExit(f"FAILED: {function}{args} failed in its process:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def fresh_session(**conf: str) -> SparkSession:
+    """The ``local[2]`` session of a fresh process: no UI, errors only in the log."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

@@ -1,7 +1,7 @@
 """``cold-job``: a cold ``availableNow`` job in a fresh process, against the raw Direct Get loop on the same data.
 
-``--cold-messages`` x 100 B wait on a 4-partition stream (1,024 interleaved subjects). A child process (``python
--c``, running ``child``) is what a scheduled job is: it starts Spark, runs ``readStream.format("jetstream")`` with
+``--cold-messages`` x 100 B wait on a 4-partition stream (1,024 interleaved subjects). A fresh process running
+``child`` is what a scheduled job is: it starts Spark, runs ``readStream.format("jetstream")`` with
 ``trigger(availableNow=True)`` into the ``noop`` sink on a new group, and stops. It is timed as a whole (process
 start to exit, what a scheduler sees) and from ``start()`` to the query's end. The baseline is the raw Direct Get
 loop reading the four partitions in two processes (``raw_direct.run_direct_parallel``), best of two. The target is
@@ -10,15 +10,11 @@ the whole job's rate at least 0.8x the raw loop's.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common import SUBJECTS, heading, publish
+from common import SUBJECTS, fresh_session, heading, in_fresh_process, publish
 
 if TYPE_CHECKING:
     from suite import Suite
@@ -26,26 +22,13 @@ if TYPE_CHECKING:
 STREAM = "COLD"
 PARTITIONS = 4
 TARGET = 0.8
-BENCH_DIR = Path(__file__).resolve().parents[1]
-CHILD = (
-    "import json, sys; from scenarios.cold_job import child; "
-    "print(json.dumps(child(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4])))"
-)
-"""What the child process runs (``python -c CHILD servers stream group checkpoint``, from ``bench/``)."""
 
 
 def child(servers: str, stream: str, group: str, checkpoint: str) -> dict[str, float]:
-    """Runs in the fresh process: Spark's start, the whole query, the stop; seconds and rows."""
+    """Runs in the fresh process (``common.in_fresh_process``): Spark's start, the whole query, the stop; seconds
+    and rows."""
     began = time.monotonic()
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.streaming.numRecentProgressUpdates", "100000")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = fresh_session(**{"spark.sql.streaming.numRecentProgressUpdates": "100000"})
     session = time.monotonic()
     query = (
         spark.readStream.format("jetstream")
@@ -87,16 +70,9 @@ def run(suite: Suite) -> None:
         raw.append(seconds)
     raw_rate = count / min(raw)
 
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
     began = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, suite.url, STREAM, "cold", suite.checkpoint("cold-job")],
-        capture_output=True, text=True, env=env, cwd=BENCH_DIR, check=False,
-    )  # fmt: skip
+    result = in_fresh_process("scenarios.cold_job.child", suite.url, STREAM, "cold", suite.checkpoint("cold-job"))
     whole = time.monotonic() - began
-    if done.returncode:
-        raise SystemExit(f"FAILED: the cold job failed:\n{done.stderr[-3000:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
     if result["rows"] != count:
         raise SystemExit(f"FAILED: the cold job read {result['rows']:,} of {count:,}")
 

@@ -16,18 +16,13 @@ child's ``load()`` finds no more of the connector imported than ``common`` bring
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common import SUBJECTS, heading, publish
+from common import SUBJECTS, fresh_session, heading, in_fresh_process, publish
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -37,18 +32,10 @@ STREAM = "FIRST"
 FIRST_BATCH_MESSAGES = 100_000
 FIRST_BATCH_TARGET = 1.3  # load() plus the first batch, against a Python source that does no I/O
 CONTENDERS = ("jetstream", "python-noio", "rate")
-BENCH_DIR = Path(__file__).resolve().parents[1]
-CHILD = (
-    "import json, sys; from scenarios.first_batch import child; "
-    "kind, servers, stream, group, messages = sys.argv[1:]; "
-    "print(json.dumps(child(kind, servers, stream, group, int(messages))))"
-)
-"""What a child process runs (``python -c CHILD kind servers stream group messages``, from ``bench/``)."""
 
 
-def child(kind: str, servers: str, stream: str, group: str, messages: int) -> dict[str, float]:
-    """Runs in the fresh process: one query, timed."""
-    from pyspark.sql import SparkSession
+def child(kind: str, servers: str, stream: str, group: str, count: str) -> dict[str, float]:
+    """Runs in the fresh process (``common.in_fresh_process``): one query, timed."""
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
     from spark_jetstream.read.row_schema import spark_schema_ddl
@@ -98,13 +85,8 @@ def child(kind: str, servers: str, stream: str, group: str, messages: int) -> di
         def streamReader(self, schema: Any) -> NoIoReader:
             return NoIoReader()
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    messages = int(count)
+    spark = fresh_session(**{"spark.sql.shuffle.partitions": "2"})
     spark.dataSource.register(NoIoSource)
     began = time.monotonic()
     if kind == "jetstream":
@@ -142,17 +124,12 @@ def child(kind: str, servers: str, stream: str, group: str, messages: int) -> di
 def measure(servers: str, messages: int, rounds: int) -> dict[str, list[dict[str, float]]]:
     """Every contender ``rounds`` times, interleaved, each in a fresh process, on ``STREAM`` (which holds
     ``messages`` messages partitioned 4 ways); a new group per round."""
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
     runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in CONTENDERS}
     for round_ in range(rounds):
         for kind in CONTENDERS:
-            done = subprocess.run(
-                [sys.executable, "-c", CHILD, kind, servers, STREAM, f"first{round_}", str(messages)],
-                capture_output=True, text=True, env=env, cwd=BENCH_DIR, check=False,
-            )  # fmt: skip
-            if done.returncode:
-                raise SystemExit(f"FAILED: the first-batch {kind} child failed:\n{done.stderr[-3000:]}")
-            result = json.loads(done.stdout.strip().splitlines()[-1])
+            result = in_fresh_process(
+                "scenarios.first_batch.child", kind, servers, STREAM, f"first{round_}", str(messages)
+            )
             runs[kind].append(result)
             print(
                 f"  round {round_ + 1}, {kind}: load() {result['load']:.2f} s, "
