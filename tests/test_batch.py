@@ -12,6 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jetstream.client.publish import publish_all
+from spark_jetstream.groups.layout import partitioned_stream_config
 
 pytestmark = pytest.mark.slow
 
@@ -176,6 +177,28 @@ def test_an_unpartitioned_stream_is_split_by_sequence(direct, spark, nats_server
         assert api.consumer_names("Flat") == []
     finally:
         api.delete_stream("Flat")
+
+
+def test_min_partitions_on_a_partitioned_stream_reads_its_slices_with_one_filter(spark, nats_server, conn, api):
+    """Cut by seq, a read of every partition of a stream reads each slice with the filter ">" (decision 0017): the
+    same rows as the partitions' filters, also where messages were stored before the stream was partitioned (no
+    partition filter has them, so neither does this read)."""
+    api.create_stream({"name": "Late", "subjects": ["late.*"], "allow_direct": True})
+    try:
+        publish_all(conn, ((f"late.k{i}", b"before", None) for i in range(5)))
+        config = {**api.stream_info("Late")["config"], **partitioned_stream_config("Late", "late.*", 4)}
+        api.call(("STREAM", "UPDATE", "Late"), config, "Partitioning stream 'Late'")
+        publish_all(conn, ((f"late.k{i % 9}", f"m{i}".encode(), None) for i in range(3000)))
+        apart = batch_read(spark, nats_server.url, "Late")
+        assert apart.rdd.getNumPartitions() == 4  # a task per partition
+        cut = batch_read(spark, nats_server.url, "Late", minPartitions=6)
+        assert cut.rdd.getNumPartitions() == 6
+        rows = sorted((r.seq, r.subject, bytes(r.data), r.partition) for r in cut.collect())
+        assert [row[:3] for row in rows] == [(i + 6, f"late.k{i % 9}", f"m{i}".encode()) for i in range(3000)]
+        assert rows == sorted((r.seq, r.subject, bytes(r.data), r.partition) for r in apart.collect())
+        assert {row[3] for row in rows} == {0, 1, 2, 3}
+    finally:
+        api.delete_stream("Late")
 
 
 @EACH_READ_PATH

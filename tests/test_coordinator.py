@@ -15,7 +15,7 @@ from spark_jetstream.client.publish import publish_all
 from spark_jetstream.errors import GroupConfigError
 from spark_jetstream.groups.layout import partitioned_stream_config
 from spark_jetstream.options import parse_connection_options
-from spark_jetstream.read.ranges import SeqRange, SmallBatch
+from spark_jetstream.read.ranges import SmallBatch
 from spark_jetstream.streaming.config import SourceConfig
 from spark_jetstream.streaming.coordinator import ONE_TASK_MESSAGES, Coordinator
 from spark_jetstream.streaming.offsets import Watermark
@@ -74,29 +74,34 @@ def test_limits_and_plans(nats_server, api, make_stream, coordinators):
     start = Watermark(stream.name, 0)
     assert coordinator.latest(start, Limits(max_rows=250)).seq == 250
     assert coordinator.latest(start, Limits()).seq == 1000
-    (small,) = coordinator.plan(Watermark(stream.name, 990), Watermark(stream.name, 1000))  # one task: SmallBatch
-    ranges = small.ranges
-    with_data = {p for p in range(8) if stream.expected(p, 990, 1000)}
-    assert {r.filter for r in ranges} == {f"{p}.>" for p in with_data}  # partitions without data skipped
-    assert {(r.start, r.end) for r in ranges} <= {(seq - 1, 1000) for seq in range(991, 1001)}  # from the first
-    assert len(with_data) < 8
+    (small,) = coordinator.plan(Watermark(stream.name, 990), Watermark(stream.name, 1000))  # one task, in seq order
+    assert (small.filter, small.start, small.end) == (">", 990, 1000)
     coordinator.commit(Watermark(stream.name, 1000))
     floors = {api.consumer_info(stream.name, stream.consumer(p))["ack_floor"]["stream_seq"] for p in range(8)}
     assert floors == {1000}
 
 
-def test_a_small_batch_is_one_task_and_a_larger_one_a_task_per_partition(nats_server, make_stream, coordinators):
-    """Up to ``ONE_TASK_MESSAGES`` (and one record batch's bytes) a Direct Get batch is one ``SmallBatch``; above, or
-    with ``minPartitions``, each partition's range is a task of its own."""
+def test_a_small_batch_is_one_task_and_a_larger_one_a_task_per_partition(nats_server, api, make_stream, coordinators):
+    """Up to ``ONE_TASK_MESSAGES`` (and one record batch's bytes) a Direct Get batch is one task; above, each
+    partition's range is a task of its own, and ``minPartitions`` cuts the batch by seq. Cut by seq, a read of every
+    message of the stream uses the one filter ">" (decision 0017); else it reads each partition's range."""
     stream = make_stream(ONE_TASK_MESSAGES + 100, partitions=4)
     start, small, large = (Watermark(stream.name, seq) for seq in (0, ONE_TASK_MESSAGES, ONE_TASK_MESSAGES + 1))
     (batch,) = coordinators(nats_server.url, stream.name, stream.group).plan(start, small)
-    assert isinstance(batch, SmallBatch) and [r.filter for r in batch.ranges] == [f"{p}.>" for p in range(4)]
-    assert {(r.start, r.end) for r in batch.ranges} <= {(seq - 1, ONE_TASK_MESSAGES) for seq in range(1, 10)}
+    assert (batch.filter, batch.start, batch.end) == (">", 0, ONE_TASK_MESSAGES)
     tasks = coordinators(nats_server.url, stream.name, "large").plan(start, large)
-    assert [type(r) for r in tasks] == [SeqRange] * 4
+    assert [(r.filter, r.end) for r in tasks] == [(f"{p}.>", ONE_TASK_MESSAGES + 1) for p in range(4)]
     tasks = coordinators(nats_server.url, stream.name, "cut", minPartitions="4").plan(start, small)
-    assert [type(r) for r in tasks] == [SeqRange] * 4
+    assert [(r.filter, r.start, r.end) for r in tasks] == [(">", i * 1024, (i + 1) * 1024) for i in range(4)]
+    # A stream that also stores subjects outside its partition transform: the partitions' filters.
+    config = api.stream_info(stream.name)["config"]
+    subjects = [*config["subjects"], f"other.{stream.name}"]
+    api.call(("STREAM", "UPDATE", stream.name), {**config, "subjects": subjects}, "Adding a subject")
+    (batch,) = coordinators(nats_server.url, stream.name, "apart").plan(start, small)
+    assert isinstance(batch, SmallBatch) and [r.filter for r in batch.ranges] == [f"{p}.>" for p in range(4)]
+    assert [(r.start, r.end) for r in batch.ranges] == [(stream.expected(p, 0, 10)[0] - 1, small.seq) for p in range(4)]
+    tasks = coordinators(nats_server.url, stream.name, "apart-cut", minPartitions="8").plan(start, small)
+    assert len(tasks) == 8 and {r.filter for r in tasks} == {f"{p}.>" for p in range(4)}
 
 
 def test_a_pcgroups_static_group_in_kv_is_read(nats_server, conn, api, make_stream, coordinators):
@@ -116,8 +121,9 @@ def test_a_pcgroups_static_group_in_kv_is_read(nats_server, conn, api, make_stre
         layout = coordinator.layout
         assert layout.kind == "static"
         assert {m.name: m.partitions for m in layout.members} == {"alice": (0, 3), "bob": (1, 2)}
+        assert coordinator.layout.read_filters == ["0.>", "3.>", "1.>", "2.>"]  # each member's partitions
         (small,) = coordinator.plan(Watermark(stream.name, 0), Watermark(stream.name, 600))
-        assert [r.filter for r in small.ranges] == ["0.>", "3.>", "1.>", "2.>"]  # each member's partitions, read apart
+        assert (small.filter, small.start, small.end) == (">", 0, 600)  # all of them: the whole stream, in seq order
         assert {
             api.consumer_info(stream.name, c)["ack_floor"]["stream_seq"] for c in ("kvgroup-alice", "kvgroup-bob")
         } == {0}

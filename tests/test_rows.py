@@ -152,3 +152,15 @@ def test_runs_of_messages_make_the_batches_one_message_at_a_time_makes(keep_head
         ]
 
     assert shape(runs) == shape(one)
+
+
+def test_rows_of_no_partition_are_left_out_of_a_partitioned_read():
+    """A read with ">" of a partitioned stream may meet messages stored before the stream was partitioned: no
+    partition filter has them, so they are not rows either."""
+    rows = RowBuffer()
+    for seq, subject in enumerate([b"0.ev.a", b"ev.old", b"3.ev.b", b"x7.ev.c"], start=1):
+        rows.add(subject, b"d%d" % seq, seq, seq * 1000)
+    batch = rows.to_record_batch("S", partitioned=True, include_headers=False)
+    assert batch.to_pydict()["seq"] == [1, 3]
+    assert batch.to_pydict()["subject"] == ["ev.a", "ev.b"] and batch.to_pydict()["partition"] == [0, 3]
+    assert batch.to_pydict()["data"] == [b"d1", b"d3"]

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from spark_jetstream.client.connection import Connection, ConnectionOptions, connect
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.groups.layout import partition_filters, transform_partitions
+from spark_jetstream.groups.layout import partition_filters, reads_whole_stream, transform_partitions
 from spark_jetstream.groups.resolve import resolve_layout
 from spark_jetstream.options import BATCH, config_values, connection_options, default_of, parse_options
 from spark_jetstream.read.consumer import check_consumer_reads, read_by_consumer
@@ -149,6 +149,8 @@ def plan(conn: Connection, config: BatchConfig) -> list[SeqRange]:
         pull_batch=config.batch,
         pull_max_bytes=config.max_bytes,
     )
+    if config.min_partitions and read_mode == DIRECT and reads_whole_stream(info["config"], filters):
+        filters = [">"]  # cut by seq anyway: one filter is cheaper for the server (decision 0017)
     firsts = first_seqs(conn, stream, filters, start, end, leader=read_mode != DIRECT)
     ranges = spread(split(template, firsts, filters, config.max_range), config.min_partitions)
     log.info("Batch read of %s seqs (%d, %d] (%s): %d partitions", stream, start, end, read_mode, len(ranges))

@@ -175,6 +175,7 @@ class RowBuffer:
     def to_record_batch(self, stream: str, partitioned: bool, include_headers: bool) -> pa.RecordBatch:
         """Build the batch; on a partitioned stream the leading partition token moves to its column."""
         n = len(self.seqs)
+        group = None  # which rows are the group's, when not all are
         times = self.times
         if not isinstance(times, pa.Array):
             times = int64_array(times, pa.timestamp("ns", tz="UTC"))  # type: ignore[arg-type]
@@ -183,7 +184,12 @@ class RowBuffer:
             import pyarrow.compute as pc  # not at module level: the driver imports this module and needs no pc (~20 ms)
 
             parts = pc.split_pattern(subjects, ".", max_splits=1)
-            partition = pc.list_element(parts, _FIRST).cast(pa.int32())
+            first = pc.list_element(parts, _FIRST)
+            try:
+                partition = first.cast(pa.int32())
+            except pa.ArrowInvalid:  # read with ">": a message stored before the stream was partitioned is no
+                group = pc.match_substring_regex(first, "^[0-9]{1,9}$")  # partition's, as no partition filter has it
+                partition = pc.if_else(group, first, "0").cast(pa.int32())
             subjects = pc.list_element(parts, _SECOND)
         else:
             partition = pa.nulls(n, pa.int32())
@@ -197,7 +203,8 @@ class RowBuffer:
         ]
         if include_headers:
             columns.append(headers_array(self.headers))
-        return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(include_headers))
+        batch = pa.RecordBatch.from_arrays(columns, schema=arrow_schema(include_headers))
+        return batch if group is None else batch.filter(group)
 
 
 class RowBatches:

@@ -18,7 +18,7 @@ from typing import Any
 from spark_jetstream.client.connection import Connection, connect
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import GroupConfigError, OptionError
-from spark_jetstream.groups.layout import GroupLayout
+from spark_jetstream.groups.layout import GroupLayout, reads_whole_stream
 from spark_jetstream.groups.resolve import find_group_async, layout_of, resolve_layout
 from spark_jetstream.read.direct import first_seqs, split, spread
 from spark_jetstream.read.mode import DIRECT, PULL, choose_read_mode
@@ -256,14 +256,17 @@ class Coordinator:
                 record_batch_size=self.config.pull.record_batch_size,
                 record_batch_bytes=self.config.pull.record_batch_bytes,
             )
+            width = end.seq - start.seq
+            small = width <= ONE_TASK_MESSAGES and width * state.average_size <= template.record_batch_bytes
+            cut_by_seq = self.config.min_partitions is not None or small  # no task per partition: order is by seq
+            if cut_by_seq and reads_whole_stream(self._stream_config, filters):
+                filters = [">"]
             firsts = first_seqs(self.conn, self.stream, filters, start.seq, end.seq)
             if self.pins is not None:
                 self.pins.settle(FLOOR_WAIT)
-            width = end.seq - start.seq
             ranges = split(template, firsts, filters, width)
             if self.config.min_partitions is not None:
                 return spread(ranges, self.config.min_partitions)
-            small = width <= ONE_TASK_MESSAGES and width * state.average_size <= template.record_batch_bytes
             if small and len(ranges) > 1:
                 return [SmallBatch(tuple(ranges))]
             return ranges
