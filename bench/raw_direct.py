@@ -23,8 +23,11 @@ _SEQUENCE = b"Nats-Sequence: "
 _STATUS = b"NATS/1.0 "
 
 
-def raw_direct(address: tuple[str, int], stream: str, subject: str, after: int = 0) -> tuple[int, int]:
-    """Read every message of ``subject`` after seq ``after``; return (messages, payload bytes)."""
+def raw_direct(
+    address: tuple[str, int], stream: str, subject: str, after: int = 0, end: int | None = None
+) -> tuple[int, int]:
+    """Read every message of ``subject`` in ``(after, end]`` (``end`` None: to the stream's end); return (messages,
+    payload bytes)."""
     raw = RawSocket(address)
     try:
         raw.handshake()
@@ -34,8 +37,9 @@ def raw_direct(address: tuple[str, int], stream: str, subject: str, after: int =
         api = f"$JS.API.DIRECT.GET.{stream}".encode()
         count = nbytes = 0
         seq = after
-        while True:
-            request = {"seq": seq + 1, "next_by_subj": subject, "batch": BATCH, "max_bytes": MAX_BYTES}
+        while end is None or seq < end:
+            wanted = BATCH if end is None else min(BATCH, end - seq)
+            request = {"seq": seq + 1, "next_by_subj": subject, "batch": wanted, "max_bytes": MAX_BYTES}
             body = json.dumps(request).encode()
             sock.sendall(b"PUB %s %s %d\r\n%s\r\n" % (api, inbox, len(body), body))
             pending = None
@@ -60,8 +64,9 @@ def raw_direct(address: tuple[str, int], stream: str, subject: str, after: int =
                         break  # 204 EOB, or 404: nothing (more) matches
                     at = buf.find(_SEQUENCE, start, start + header_size) + len(_SEQUENCE)
                     seq = int(buf[at : buf.find(b"\r\n", at)])
-                    count += 1
-                    nbytes += total - header_size
+                    if end is None or seq <= end:
+                        count += 1
+                        nbytes += total - header_size
                 elif buf.startswith(b"PING", pos):
                     raw.pos = eol + 2
                     sock.sendall(b"PONG\r\n")
@@ -71,24 +76,32 @@ def raw_direct(address: tuple[str, int], stream: str, subject: str, after: int =
                     raw.pos = eol + 2
             if not pending:
                 return count, nbytes
+        return count, nbytes
     finally:
         raw.close()
 
 
-def _read(job: tuple[tuple[str, int], str, str]) -> tuple[int, int]:
-    address, stream, subject = job
-    return raw_direct(address, stream, subject)
+def _read(job: tuple[tuple[str, int], str, str, int, int | None]) -> tuple[int, int]:
+    return raw_direct(*job)
 
 
-def run_direct_parallel(address: tuple[str, int], stream: str, subjects: list[str]) -> tuple[float, int, int]:
+def run_direct_parallel(
+    address: tuple[str, int], stream: str, subjects: list[str], last: int | None = None
+) -> tuple[float, int, int]:
     """``raw_direct`` of each subject in ``PARALLEL`` spawned processes; return (seconds, messages, bytes).
-    Process start is not timed."""
-    workers = min(PARALLEL, len(subjects))
+    With ``last`` (the stream's last seq), ``subjects`` are read in as many contiguous seq slices of ``(0, last]``
+    instead, one each. Process start is not timed."""
+    if last is None:
+        jobs = [(address, stream, subject, 0, None) for subject in subjects]
+    else:
+        ends = [last * (index + 1) // len(subjects) for index in range(len(subjects))]
+        jobs = [(address, stream, s, low, high) for s, low, high in zip(subjects, [0, *ends], ends, strict=False)]
+    workers = min(PARALLEL, len(jobs))
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
         for _ in range(20):  # every worker up and done importing before the clock starts
             if len(set(pool.map(_worker_ready, range(workers), chunksize=1))) == workers:
                 break
         began = time.perf_counter()
-        results = pool.map(_read, [(address, stream, s) for s in subjects], chunksize=1)
+        results = pool.map(_read, jobs, chunksize=1)
         seconds = time.perf_counter() - began
     return seconds, sum(c for c, _ in results), sum(b for _, b in results)

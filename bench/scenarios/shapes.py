@@ -11,7 +11,9 @@ Each shape is read with ``trigger(availableNow=True)`` into ``noop`` and as a bo
 by default, with ``readMode=pull`` and with ``minPartitions=8`` (streaming only where Direct Get reads: a
 member consumer is read by one task). The references, in the same run on the same data:
 
-* ``raw Direct Get``: ``raw_direct`` reading the shape's partition filters in 2 processes (Direct Get shapes);
+* ``raw Direct Get``: ``raw_direct`` reading the shape's partition filters in 2 processes (Direct Get shapes), and
+  reading ``>`` in 2 contiguous seq slices, one per process: the reference of ``minPartitions`` reads, which read
+  a stream that is all the group's that way (decision 0017);
 * ``raw pull``: ``raw_pull`` draining the member consumers the ``readMode=pull`` streaming read created, in
   2 processes (as ``local[2]`` runs 2 tasks);
 * Spark's ceiling: a Python source with the connector's schema that does no I/O (``noio``), 8 partitions,
@@ -141,6 +143,8 @@ def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]
         filters = shape.filters()
         seconds = min(_raw_direct(suite, filters) for _ in range(ROUNDS))
         raw["direct"] = (count / seconds, f"raw Direct Get ({len(filters)} filters)")
+        seconds = min(_raw_direct(suite, [">"] * 2, last=count) for _ in range(ROUNDS))
+        raw["slices"] = (count / seconds, "raw Direct Get ('>', 2 slices)")
     members = f"shape{index}-readmode-0-"  # the member consumers of the first readMode=pull streaming read
     consumers = sorted(c for c in api.consumer_names(STREAM) if c.startswith(members))
     seconds = min(
@@ -152,6 +156,8 @@ def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]
     for what, (seconds, cpu, phases) in timed.items():
         kind, mode = what.split(" ", 1)
         path = "pull" if mode == "readMode=pull" or not shape.direct else "direct"
+        if path == "direct" and mode == "minPartitions=8":
+            path = "slices"  # cut by seq, a stream that is all the group's is read with '>' (decision 0017)
         out.append(Row(shape.name, what, count / seconds, seconds, cpu, min(raw[path][0], ceiling[kind]), phases))
     return out
 
@@ -163,8 +169,8 @@ def _checked(result: tuple[float, int], count: int, what: str) -> float:
     return seconds
 
 
-def _raw_direct(suite: Suite, filters: list[str]) -> float:
-    seconds, got, _ = run_direct_parallel(suite.address, STREAM, filters)
+def _raw_direct(suite: Suite, filters: list[str], last: int | None = None) -> float:
+    seconds, got, _ = run_direct_parallel(suite.address, STREAM, filters, last)
     return _checked((seconds, got), suite.args.shape_messages, "the raw Direct Get")
 
 
@@ -219,32 +225,32 @@ def _best(
 
 
 def _report(suite: Suite, rows: list[Row]) -> None:
-    print(f"  {'shape':<31} {'read':<26} {'rows/s':>9} {'s':>6} {'ratio':>6} {'cores':>6} {'other CPU':>9}")
+    print(f"  {'shape':<31} {'read':<30} {'rows/s':>9} {'s':>6} {'ratio':>6} {'cores':>6} {'other CPU':>9}")
     for row in rows:
         ratio = f"{row.ratio:.2f}" if row.ratio is not None else "-"
         cores = f"{row.cpu.own_cores:.2f}" if row.cpu else "-"
         other = f"{row.cpu.other_share:.0%}" if row.cpu else "-"
         print(
-            f"  {row.shape:<31} {row.what:<26} {row.rate:>9,.0f} {row.seconds:>6.2f} {ratio:>6} {cores:>6} {other:>9}"
+            f"  {row.shape:<31} {row.what:<30} {row.rate:>9,.0f} {row.seconds:>6.2f} {ratio:>6} {cores:>6} {other:>9}"
         )
     print("  CPU per message by process (us; the same runs):")
-    print(f"  {'shape':<31} {'read':<26} " + " ".join(f"{kind:>14}" for kind in KINDS) + f" {'all':>6}")
+    print(f"  {'shape':<31} {'read':<30} " + " ".join(f"{kind:>14}" for kind in KINDS) + f" {'all':>6}")
     for row in rows:
         if row.cpu and row.cpu.seconds:
             count = row.rate * row.seconds
             per = [row.cpu.seconds[kind] / count * 1e6 for kind in KINDS]
-            print(f"  {row.shape:<31} {row.what:<26} " + " ".join(f"{v:>14.2f}" for v in per) + f" {sum(per):>6.2f}")
+            print(f"  {row.shape:<31} {row.what:<30} " + " ".join(f"{v:>14.2f}" for v in per) + f" {sum(per):>6.2f}")
     print("  Streaming queries, where the time went (s; Spark's durationMs summed over the batches):")
     names = ("latestOffset", "queryPlanning", "addBatch", "walCommit", "commitOffsets")
     print(
-        f"  {'shape':<31} {'read':<26} {'wall':>6} {'batches':>7} {'outside':>7} " + " ".join(f"{n:>13}" for n in names)
+        f"  {'shape':<31} {'read':<30} {'wall':>6} {'batches':>7} {'outside':>7} " + " ".join(f"{n:>13}" for n in names)
     )
     for row in rows:
         if row.phases:
             ph = row.phases
             outside = row.seconds - ph.get("triggerExecution", 0) / 1000
             print(
-                f"  {row.shape:<31} {row.what:<26} {row.seconds:>6.2f} {ph['batches']:>7.0f} {outside:>7.2f} "
+                f"  {row.shape:<31} {row.what:<30} {row.seconds:>6.2f} {ph['batches']:>7.0f} {outside:>7.2f} "
                 + " ".join(f"{ph.get(n, 0) / 1000:>13.2f}" for n in names)
             )
     seconds = {(row.shape, row.what): row.seconds for row in rows}
