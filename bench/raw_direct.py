@@ -32,7 +32,7 @@ def raw_direct(
     try:
         raw.handshake()
         sock, buf = raw.sock, raw.buf
-        inbox = f"_INBOX.rawdirect.{subject.replace('>', 'all').replace('*', 'any')}".encode()
+        inbox = f"_INBOX.rawdirect.{subject.replace('>', 'all').replace('*', 'any')}.{after}".encode()  # one each
         sock.sendall(b"SUB " + inbox + b" 1\r\n")
         api = f"$JS.API.DIRECT.GET.{stream}".encode()
         count = nbytes = 0
