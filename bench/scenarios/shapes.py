@@ -11,9 +11,9 @@ Each shape is read with ``trigger(availableNow=True)`` into ``noop`` and as a bo
 by default, with ``readMode=pull`` and with ``minPartitions=8`` (streaming only where Direct Get reads: a
 member consumer is read by one task). The references, in the same run on the same data:
 
-* ``raw Direct Get``: ``raw_direct`` reading the shape's partition filters in 2 processes (Direct Get shapes), and
-  reading ``>`` in 2 contiguous seq slices, one per process: the reference of ``minPartitions`` reads, which read
-  a stream that is all the group's that way (decision 0017);
+* ``raw Direct Get``: ``raw_direct`` reading the shape's partition filters in 2 processes (Direct Get shapes): the
+  reference of streaming reads; reading ``>`` in one process: of batch reads, one task reading ``>`` here; and
+  ``>`` in 2 contiguous seq slices, one per process: of ``minPartitions`` reads (decision 0017);
 * ``raw pull``: ``raw_pull`` draining the member consumers the ``readMode=pull`` streaming read created, in
   2 processes (as ``local[2]`` runs 2 tasks);
 * Spark's ceiling: a Python source with the connector's schema that does no I/O (``noio``), 8 partitions,
@@ -143,6 +143,10 @@ def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]
         filters = shape.filters()
         seconds = min(_raw_direct(suite, filters) for _ in range(ROUNDS))
         raw["direct"] = (count / seconds, f"raw Direct Get ({len(filters)} filters)")
+        raw["whole"] = raw["direct"]
+        if shape.partitions is not None:
+            seconds = min(_raw_direct(suite, [">"]) for _ in range(ROUNDS))
+            raw["whole"] = (count / seconds, "raw Direct Get ('>')")
         seconds = min(_raw_direct(suite, [">"] * 2, last=count) for _ in range(ROUNDS))
         raw["slices"] = (count / seconds, "raw Direct Get ('>', 2 slices)")
     members = f"shape{index}-readmode-0-"  # the member consumers of the first readMode=pull streaming read
@@ -152,12 +156,18 @@ def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]
         for _ in range(ROUNDS)
     )
     raw["pull"] = (count / seconds, f"raw pull ({len(consumers)} consumers)")
-    out = [Row(shape.name, what, rate, count / rate, None) for rate, what in raw.values()]
+    out = [
+        Row(shape.name, what, rate, count / rate, None)
+        for key, (rate, what) in raw.items()
+        if key != "whole" or shape.partitions is not None
+    ]
     for what, (seconds, cpu, phases) in timed.items():
         kind, mode = what.split(" ", 1)
         path = "pull" if mode == "readMode=pull" or not shape.direct else "direct"
         if path == "direct" and mode == "minPartitions=8":
             path = "slices"  # cut by seq, a stream that is all the group's is read with '>' (decision 0017)
+        elif path == "direct" and kind == "batch":
+            path = "whole"  # a batch read of a stream that is all the group's: '>' in one task (under 1,000,000 seqs)
         out.append(Row(shape.name, what, count / seconds, seconds, cpu, min(raw[path][0], ceiling[kind]), phases))
     return out
 
