@@ -158,7 +158,7 @@ def test_rows_of_no_partition_are_left_out_of_a_partitioned_read():
     """A read with ">" of a partitioned stream may meet messages stored before the stream was partitioned: no
     partition filter has them, so they are not rows either."""
     rows = RowBuffer()
-    for seq, subject in enumerate([b"0.ev.a", b"ev.old", b"3.ev.b", b"x7.ev.c"], start=1):
+    for seq, subject in enumerate([b"0.ev.a", b"ev.old", b"3.ev.b", b"x7.ev.c", b"42", b"12345678901.ev"], start=1):
         rows.add(subject, b"d%d" % seq, seq, seq * 1000)
     batch = rows.to_record_batch("S", partitioned=True, include_headers=False)
     assert batch.to_pydict()["seq"] == [1, 3]

@@ -120,6 +120,14 @@ def _offsets(ends: list[int]) -> pa.Array:
     return pa.Array.from_buffers(pa.int32(), len(offsets), [None, pa.py_buffer(offsets)])
 
 
+def _split_partition(subjects: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """``<p>.<rest>`` subjects -> the partition column and the subjects without their partition token."""
+    import pyarrow.compute as pc
+
+    parts = pc.split_pattern(subjects, ".", max_splits=1)
+    return pc.list_element(parts, _FIRST).cast(pa.int32()), pc.list_element(parts, _SECOND)
+
+
 class RowBuffer:
     """Columns of messages being collected for one record batch.
 
@@ -183,14 +191,11 @@ class RowBuffer:
         if partitioned:
             import pyarrow.compute as pc  # not at module level: the driver imports this module and needs no pc (~20 ms)
 
-            parts = pc.split_pattern(subjects, ".", max_splits=1)
-            first = pc.list_element(parts, _FIRST)
             try:
-                partition = first.cast(pa.int32())
+                partition, subjects = _split_partition(subjects)
             except pa.ArrowInvalid:  # read with ">": a message stored before the stream was partitioned is no
-                group = pc.match_substring_regex(first, "^[0-9]{1,9}$")  # partition's, as no partition filter has it
-                partition = pc.if_else(group, first, "0").cast(pa.int32())
-            subjects = pc.list_element(parts, _SECOND)
+                group = pc.match_substring_regex(subjects, "^[0-9]{1,9}[.]")  # partition's: no partition filter has it
+                partition, subjects = _split_partition(pc.if_else(group, subjects, "0.-"))
         else:
             partition = pa.nulls(n, pa.int32())
         columns = [
