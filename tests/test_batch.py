@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 from chispa import assert_df_equality
+from helpers import fnv1a_32
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -97,9 +98,7 @@ def test_a_seq_range_reads_exactly_its_messages_and_leaves_the_group_untouched(
     df = batch_read(
         spark, nats_server.url, stream.name, startingPosition=1001, endingPosition=4500, includeHeaders=True
     )
-    assert df.rdd.getNumPartitions() == (
-        1 if direct else 4
-    )  # Direct Get: the stream's range with '>'; else a task per partition
+    assert df.rdd.getNumPartitions() == 1  # the stream's range, read with '>' (decision 0017)
     rows = df.collect()
     got = {r.seq: (r.subject, bytes(r.data), r.partition, dict(r.headers), r.stream) for r in rows}
     assert len(rows) == len(got) == 3500
@@ -119,9 +118,7 @@ def test_a_seq_range_reads_exactly_its_messages_and_leaves_the_group_untouched(
 def test_the_default_range_is_the_whole_stream_at_planning_time(direct, spark, nats_server, api, conn, make_stream):
     stream = make_stream(3000, partitions=3, direct=direct)
     df = batch_read(spark, nats_server.url, stream.name, maxRangePerPartition=700)
-    assert (
-        df.rdd.getNumPartitions() == (1 if direct else 3) * 5
-    )  # (first match..3000] in 700s: the stream's, or each partition's
+    assert df.rdd.getNumPartitions() == 5  # the stream's range (first match..3000] in 700s
     out = df.select("subject", "data", "stream", "seq", "partition")
     assert_df_equality(out, expected_rows(spark, stream), ignore_row_order=True, ignore_nullable=True)
 
@@ -164,7 +161,7 @@ def test_timestamps_bound_the_range(direct, spark, nats_server, conn, api, make_
 def test_a_group_reads_its_members_filters(direct, spark, nats_server, make_stream):
     stream = make_stream(2000, partitions=4, direct=direct)
     df = batch_read(spark, nats_server.url, stream.name, group=stream.group, members=2, startingPosition=501)
-    assert df.rdd.getNumPartitions() == (1 if direct else 4)  # every member's filters: the whole stream; else 2 x 2
+    assert df.rdd.getNumPartitions() == 1  # every member's filters together: the whole stream, read with '>'
     out = df.select("subject", "data", "stream", "seq", "partition")
     assert_df_equality(out, expected_rows(spark, stream, start=500), ignore_row_order=True, ignore_nullable=True)
 
@@ -183,27 +180,29 @@ def test_an_unpartitioned_stream_is_split_by_sequence(direct, spark, nats_server
         api.delete_stream("Flat")
 
 
-def test_a_partitioned_stream_is_read_with_one_filter(spark, nats_server, conn, api):
-    """With Direct Get a batch read of every partition of a stream reads it with the filter ">" (decision 0017): the
-    same rows as through a consumer per partition filter, also where messages were stored before the stream was
-    partitioned (no partition filter has them, so neither does this read)."""
-    api.create_stream({"name": "Late", "subjects": ["late.*"], "allow_direct": True})
+@EACH_READ_PATH
+def test_a_partitioned_stream_is_read_with_one_filter(direct, spark, nats_server, conn, api):
+    """A batch read of every partition of a stream reads it with the filter ">" (decision 0017), in pieces of the
+    stream's range: every partitioned message with its partition, also where messages were stored before the
+    stream was partitioned (no partition filter has them, so neither does this read)."""
+    api.create_stream({"name": "Late", "subjects": ["late.*"], "allow_direct": direct})
     try:
         publish_all(conn, ((f"late.k{i}", b"before", None) for i in range(5)))
         config = {**api.stream_info("Late")["config"], **partitioned_stream_config("Late", "late.*", 4)}
         api.call(("STREAM", "UPDATE", "Late"), config, "Partitioning stream 'Late'")
         publish_all(conn, ((f"late.k{i % 9}", f"m{i}".encode(), None) for i in range(3000)))
-        apart = batch_read(spark, nats_server.url, "Late", readMode="pull")
-        assert apart.rdd.getNumPartitions() == 4  # a consumer per partition filter
+        expected = [
+            (i + 6, f"late.k{i % 9}", f"m{i}".encode(), fnv1a_32(f"k{i % 9}".encode()) % 4) for i in range(3000)
+        ]
         whole = batch_read(spark, nats_server.url, "Late")
         assert whole.rdd.getNumPartitions() == 1  # (0, 3005] with '>'
+        pieces = batch_read(spark, nats_server.url, "Late", maxRangePerPartition=1000)
+        assert pieces.rdd.getNumPartitions() == 4  # (0, 1000], (1000, 2000], (2000, 3000], (3000, 3005]
         cut = batch_read(spark, nats_server.url, "Late", minPartitions=6)
         assert cut.rdd.getNumPartitions() == 6
-        expected = sorted((r.seq, r.subject, bytes(r.data), r.partition) for r in apart.collect())
-        assert [row[:3] for row in expected] == [(i + 6, f"late.k{i % 9}", f"m{i}".encode()) for i in range(3000)]
-        assert {row[3] for row in expected} == {0, 1, 2, 3}
-        for df in (whole, cut):
+        for df in (whole, pieces, cut):
             assert sorted((r.seq, r.subject, bytes(r.data), r.partition) for r in df.collect()) == expected
+        assert {row[3] for row in expected} == {0, 1, 2, 3}
     finally:
         api.delete_stream("Late")
 

@@ -149,7 +149,7 @@ def plan(conn: Connection, config: BatchConfig) -> list[SeqRange]:
         pull_batch=config.batch,
         pull_max_bytes=config.max_bytes,
     )
-    if read_mode == DIRECT and reads_whole_stream(info["config"], filters):
+    if reads_whole_stream(info["config"], filters):
         filters = [">"]  # every message is the read's: one filter, a third of the server's CPU (decision 0017)
     firsts = first_seqs(conn, stream, filters, start, end, leader=read_mode != DIRECT)
     ranges = spread(split(template, firsts, filters, config.max_range), config.min_partitions)
