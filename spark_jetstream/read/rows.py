@@ -161,13 +161,14 @@ class RowBuffer:
         self,
         subjects: Sequence[bytes],
         payloads: Sequence[bytes | memoryview],
-        sizes: Sequence[int],
+        ends: Sequence[int],
         seqs: Sequence[int],
         stamps: Sequence,
     ) -> None:
-        """``add`` for each message of a run (``sizes``: the payloads' lengths); the caller counts ``nbytes``."""
+        """``add`` for each message of a run (``ends``: where each payload ends in ``payload``); the caller counts
+        ``nbytes``."""
         payload = self.payload
-        self.offsets.extend(islice(accumulate(sizes, initial=len(payload)), 1, None))
+        self.offsets.extend(ends)
         for data in payloads:  # straight from the read buffer into the column, as ``add``
             payload += data
         self.subjects.extend(subjects)
@@ -268,9 +269,11 @@ class RowBatches:
             if fit == 0 and not rows.seqs:
                 fit = 1  # a message larger than the bound gets a batch of its own
             stop = first + fit
-            rows.extend(
-                subjects[first:stop], payloads[first:stop], sizes[first:stop], seqs[first:stop], stamps[first:stop]
-            )
+            if self.keep_headers:  # the byte bound counts headers too: the payloads' ends are their own sums
+                payload_ends = list(islice(accumulate(sizes[first:stop], initial=len(rows.payload)), 1, None))
+            else:  # the byte count is the payload's length: its sums are the payloads' ends
+                payload_ends = ends[1 : fit + 1]
+            rows.extend(subjects[first:stop], payloads[first:stop], payload_ends, seqs[first:stop], stamps[first:stop])
             rows.nbytes = ends[fit]
             if keep_headers:
                 rows.headers.extend(headers[first:stop])  # type: ignore[index]
