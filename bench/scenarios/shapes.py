@@ -143,8 +143,7 @@ def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]
         filters = shape.filters()
         seconds = min(_raw_direct(suite, filters) for _ in range(ROUNDS))
         raw["direct"] = (count / seconds, f"raw Direct Get ({len(filters)} filters)")
-        raw["whole"] = raw["direct"]
-        if shape.partitions is not None:
+        if filters != [">"]:  # a batch read reads '>' in one task here
             seconds = min(_raw_direct(suite, [">"]) for _ in range(ROUNDS))
             raw["whole"] = (count / seconds, "raw Direct Get ('>')")
         seconds = min(_raw_direct(suite, [">"] * 2, last=count) for _ in range(ROUNDS))
@@ -156,17 +155,13 @@ def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]
         for _ in range(ROUNDS)
     )
     raw["pull"] = (count / seconds, f"raw pull ({len(consumers)} consumers)")
-    out = [
-        Row(shape.name, what, rate, count / rate, None)
-        for key, (rate, what) in raw.items()
-        if key != "whole" or shape.partitions is not None
-    ]
+    out = [Row(shape.name, what, rate, count / rate, None) for rate, what in raw.values()]
     for what, (seconds, cpu, phases) in timed.items():
         kind, mode = what.split(" ", 1)
         path = "pull" if mode == "readMode=pull" or not shape.direct else "direct"
         if path == "direct" and mode == "minPartitions=8":
             path = "slices"  # cut by seq, a stream that is all the group's is read with '>' (decision 0017)
-        elif path == "direct" and kind == "batch":
+        elif path == "direct" and kind == "batch" and "whole" in raw:
             path = "whole"  # a batch read of a stream that is all the group's: '>' in one task (under 1,000,000 seqs)
         out.append(Row(shape.name, what, count / seconds, seconds, cpu, min(raw[path][0], ceiling[kind]), phases))
     return out
