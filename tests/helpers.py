@@ -80,6 +80,17 @@ def child_alive(child: subprocess.Popen) -> Callable[[], None]:
 # Test streams and their messages
 
 
+def parse_all(parser: object, chunks: list[bytes]) -> None:
+    """Feed ``chunks`` to a NATS protocol ``parser`` one after the other; nothing may be left unparsed."""
+
+    async def feed() -> None:
+        for chunk in chunks:
+            await parser.parse(chunk)  # type: ignore[attr-defined]
+
+    asyncio.run(feed())
+    assert not parser.buf, "bytes left over"  # type: ignore[attr-defined]
+
+
 def fnv1a_32(data: bytes) -> int:
     """The hash behind the server's ``{{partition(N, ...)}}`` transform (test oracle)."""
     h = 0x811C9DC5

@@ -3,10 +3,10 @@ arrive: the bulk path (runs taken straight from the read buffer) and the per-mes
 
 from __future__ import annotations
 
-import asyncio
 from types import SimpleNamespace
 
 import pytest
+from helpers import parse_all
 
 from spark_jetstream.client.protocol import FastParser, wire
 from spark_jetstream.read import direct
@@ -76,14 +76,7 @@ def read(chunks: list[bytes], bulk: bool) -> tuple[list[tuple], list[bytes]]:
     conn = SimpleNamespace(options=SimpleNamespace(api_prefix="$JS.API"))
     reader = direct._DirectReader(conn, SeqRange("S", ">", 0, 100, partitioned=True, include_headers=True))  # type: ignore[arg-type]
     client = Client(reader, bulk)
-    parser = FastParser(client)
-
-    async def feed() -> None:
-        for chunk in chunks:
-            await parser.parse(chunk)
-
-    asyncio.run(feed())
-    assert not parser.buf, "bytes left over"
+    parse_all(FastParser(client), chunks)
     assert reader.batch_done.is_set() and reader.error is None
     reader.batches.flush()
     rows = [

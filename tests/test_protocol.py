@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
+from helpers import parse_all
 from nats.errors import ProtocolError
 from nats.protocol.parser import Parser
 
@@ -110,14 +109,7 @@ class Client:
 
 def dispatched(parser_class: type[Parser], chunks: list[bytes], client: Client | None = None) -> tuple[list, list]:
     client = client or Client()
-    parser = parser_class(client)
-
-    async def feed() -> None:
-        for chunk in chunks:
-            await parser.parse(chunk)
-
-    asyncio.run(feed())
-    assert not parser.buf, "bytes left over"
+    parse_all(parser_class(client), chunks)
     return client.seen, client.infos
 
 
