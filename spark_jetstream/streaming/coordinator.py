@@ -42,8 +42,8 @@ LAYOUT_WAIT = 1.0
 """Seconds planning waits for the group's config before the batch keeps the last batch's layout."""
 ONE_TASK_MESSAGES = 4096
 """A Direct Get micro-batch of at most this many messages (and at most one record batch's bytes, estimated) is read
-by one task (``SmallBatch``): at 5,000 msg/s, 4 tasks per batch made the batch cycle 1.38x a one-task source's and
-one task 1.00x (decision 0016)."""
+by one task (one ``>`` range on a stream that is all the group's, else a ``SmallBatch``): at 5,000 msg/s, 4 tasks
+per batch made the batch cycle 1.38x a one-task source's and one task 1.00x (decisions 0016, 0017)."""
 
 
 @dataclass(frozen=True)
@@ -215,8 +215,9 @@ class Coordinator:
         check_data_loss(self.stream, start.seq, state.first_seq, state.last_seq, self.config.fail_on_data_loss)
 
     def plan(self, start: Watermark, end: Watermark) -> list[SeqRange] | list[SmallBatch] | list[MemberRange]:
-        """The batch ``(start, end]``'s reads: one per filter subject with messages in it (Direct Get; a small batch
-        is one ``SmallBatch``), or one per member (pulls); membership changes apply here.
+        """The batch ``(start, end]``'s reads: one per filter subject with messages in it (Direct Get; a batch cut by
+        seq, small or with ``minPartitions``, of a stream that is all the group's reads ``>``), or one per member
+        (pulls); membership changes apply here.
 
         ``start`` is committed (Spark plans batch N after committing N-1), except in the empty
         range ``partitions(latest, latest)`` that Spark sends on a restart, whose end may belong to
