@@ -57,7 +57,6 @@ _IO_FIXTURES = frozenset(
         "api",
         "make_stream",
         "spark",
-        "active_session",
         # module fixtures that start servers, clusters, virtualenvs or certificate tooling themselves
         "secured_server",
         "old_server_binary",
@@ -208,12 +207,3 @@ def spark():
     for query in session.streams.active:
         query.stop()
     session.stop()
-
-
-@pytest.fixture
-def active_session(spark):
-    """Re-set the JVM's active session for this thread. Starting nats-server (``EmbeddedServer``) forks
-    from a helper thread with a ``preexec_fn``: the child runs Python's after-fork handlers, which close
-    py4j's connection of this thread, and the new connection's JVM thread has no active session, so
-    Spark's ``df.write`` lookup does not find Python data sources (DATA_SOURCE_NOT_FOUND)."""
-    spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)

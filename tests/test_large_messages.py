@@ -64,7 +64,7 @@ def test_a_streaming_read_of_1mb_and_200kb_messages_is_exact_with_defaults(
 
 
 def test_a_batch_read_and_a_write_of_1mb_and_200kb_messages_are_exact_with_defaults(
-    spark: SparkSession, active_session, nats_server, api, make_stream
+    spark: SparkSession, nats_server, api, make_stream
 ):
     stream = make_stream(300, partitions=2, size=large_or_200k)
     rows = spark.read.format("jetstream").option("servers", nats_server.url).option("stream", stream.name).load()

@@ -126,7 +126,7 @@ class _Running:
 
 @pytest.mark.parametrize("case", list(FAULTS))
 def test_query_rides_through_the_fault_with_exact_output_and_floors(
-    case, spark, active_session, nats_cluster: EmbeddedCluster, cluster_api: JetStreamApi, tmp_path
+    case, spark, nats_cluster: EmbeddedCluster, cluster_api: JetStreamApi, tmp_path
 ):
     fault, sig = FAULTS[case]
     api = cluster_api

@@ -148,7 +148,7 @@ def _fail(path: str, options: dict[str, str], spark: Any, tmp_path: Path) -> str
     [(path, how) for path in ("connect", "stream", "batch", "write", "cli") for how in ("tls-url", "tls-ca")]
     + [("demo", "tls-url")],  # the demo takes --servers and --creds only
 )
-def test_tls_asked_for_is_never_downgraded(path, how, plain_token_server, pki, spark, active_session, tmp_path):
+def test_tls_asked_for_is_never_downgraded(path, how, plain_token_server, pki, spark, tmp_path):
     """TLS asked for, a server that offers none: an error naming the server, and no CONNECT (credentials) sent."""
     options = {**_tls_asked(how, plain_token_server, pki), "token": TOKEN}
     if path == "demo":
@@ -188,7 +188,7 @@ def test_a_server_that_offers_tls_without_requiring_it_is_asked_for_it(pki):
 
 
 @pytest.mark.slow
-def test_every_path_works_over_tls(tls_server, pki, spark, active_session, tmp_path):
+def test_every_path_works_over_tls(tls_server, pki, spark, tmp_path):
     from spark_jetstream.client.publish import publish_all
     from spark_jetstream.groups.layout import partitioned_stream_config
 

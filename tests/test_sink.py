@@ -20,7 +20,7 @@ from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.sink.markers import read_marker
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("active_session")]
+pytestmark = pytest.mark.slow
 
 JOB = Path(__file__).parent / "jobs" / "stream_to_jetstream.py"
 BUCKET = "spark-jetstream-commits"

@@ -84,7 +84,6 @@ def run(suite: Suite) -> None:
     args = suite.args
     heading(f"large-messages: {args.large_mb:,} MB per size, {PARTITIONS} partitions, default options")
     spark = start_session(suite, "large-messages")
-    spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)  # type: ignore[attr-defined]
     cases: list[Case] = []
     try:
         for size in SIZES:

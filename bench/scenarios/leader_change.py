@@ -123,8 +123,6 @@ def measure(suite: Suite, rounds: int) -> tuple[list[Result], int, int]:
         api.create_stream(partitioned_stream_config(STREAM, "lead.*", PARTITIONS, num_replicas=3, storage="file"))
         publisher = Publisher(servers, RATE).start()
         spark = start_session(suite, "leader-change")
-        # the cluster's servers were started from a helper thread (see scenarios/write.py)
-        spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)  # type: ignore[attr-defined]
         query = start_query(spark, ",".join(servers), work)
         checkpoint = work / "cp"
         consumers = [f"{GROUP}-{p}" for p in range(PARTITIONS)]

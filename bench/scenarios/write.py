@@ -79,9 +79,6 @@ def run(suite: Suite) -> None:
     n = args.messages
     heading(f"write: {n:,} x {SIZE} B, window {WRITE_WINDOW}, {WRITE_TASKS} Spark tasks")
     spark = start_session(suite, "write")
-    # nats-server was started from a helper thread with a preexec_fn, which closes py4j's connection
-    # of this thread: give the new JVM thread the active session back (see tests/test_sink.py).
-    spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)  # type: ignore[attr-defined]
     api, storage, address = suite.api, args.storage, suite.address
     runs: dict[str, tuple[Run, Cpu]] = {}
     try:

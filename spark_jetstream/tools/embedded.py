@@ -7,14 +7,12 @@ process that started it (``PR_SET_PDEATHSIG``), so nothing outlives a crashed te
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
+import sys
 import sysconfig
 import tempfile
 import time
@@ -28,8 +26,6 @@ from spark_jetstream.errors import JetStreamError
 
 if TYPE_CHECKING:
     pass
-
-_PR_SET_PDEATHSIG = 1
 
 
 def find_server_binary() -> str:
@@ -59,9 +55,24 @@ _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nats-server-spa
 from this one long-lived thread: a server started from a short-lived thread would die with it."""
 
 
-def _die_with_parent() -> None:
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+_DIE_WITH_PARENT = """\
+import ctypes, os, signal, sys
+try:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+except (OSError, AttributeError):  # not Linux
+    pass
+else:
+    if os.getppid() != int(sys.argv[1]):
+        sys.exit("the process that started nats-server has ended")
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def _dying_with_this_process(command: list[str]) -> list[str]:
+    """``command`` started through a short Python program that sets PR_SET_PDEATHSIG and then becomes it. Not a
+    ``preexec_fn``: that runs Python in the forked child, whose after-fork clean-up closes this process's py4j
+    connections (their sockets are shared with the child), failing a Spark call that waits on one."""
+    return [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *command]
 
 
 def _to_conf(value: Any) -> str:
@@ -122,10 +133,8 @@ class EmbeddedServer:
         conf = Path(self.dir, "server.conf")
         conf.write_text(_to_conf(self.config())[2:-2] + "\n")
         with open(Path(self.dir, "server.log"), "ab") as log:
-            command = [self.binary, "-c", str(conf)]
-            self.process = _spawner.submit(
-                subprocess.Popen, command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
-            ).result()
+            command = _dying_with_this_process([self.binary, "-c", str(conf)])
+            self.process = _spawner.submit(subprocess.Popen, command, stdout=log, stderr=subprocess.STDOUT).result()
 
     def start(self, wait: float = 20.0) -> EmbeddedServer:
         """Start (or restart, on the same store and port) and wait until JetStream is up."""

@@ -1,0 +1,67 @@
+"""Embedded servers: they die with the process that started them and leave its Spark connection alone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import weakref
+
+import pytest
+from helpers import wait_for
+
+from spark_jetstream.tools.embedded import EmbeddedServer
+
+pytestmark = pytest.mark.slow
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_server_dies_with_the_process_that_started_it():
+    starter = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from spark_jetstream.tools.embedded import EmbeddedServer\n"
+            "server = EmbeddedServer(name='orphan').start()\n"
+            "print(server.pid, flush=True)\n"
+            "time.sleep(120)\n",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        line = starter.stdout.readline()
+        assert line, starter.stderr.read().decode()[-3000:]
+        pid = int(line)
+        assert _alive(pid)
+        assert os.readlink(f"/proc/{pid}/exe").endswith("nats-server"), "the server runs as itself, not under Python"
+        os.kill(starter.pid, signal.SIGKILL)
+        wait_for(lambda: not _alive(pid), 10, "the server to die with the process that started it")
+    finally:
+        starter.kill()
+        starter.wait(10)
+
+
+def test_starting_a_server_leaves_this_threads_spark_connection_open(spark):
+    """A server started from a helper thread must not close the py4j connection of this thread: a ``preexec_fn``
+    did (the forked child's Python after-fork clean-up shut the shared socket), and a Spark call waiting on that
+    connection then failed with ``ConnectionResetError``."""
+    client = spark.sparkContext._gateway._gateway_client
+    spark.sparkContext._jvm.java.lang.System.nanoTime()
+    before = weakref.ref(client.get_thread_connection())  # a strong reference here would keep it open in the child
+    for name in ("first", "second"):
+        with EmbeddedServer(name=name):
+            spark.sparkContext._jvm.java.lang.System.nanoTime()
+    connection = before()
+    assert connection is not None, "the thread's py4j connection was closed"
+    assert client.get_thread_connection() is connection
