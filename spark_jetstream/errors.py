@@ -71,10 +71,11 @@ class ServerTooOldError(ConnectError):
 class ApiError(JetStreamError):
     """The JetStream API answered with an error."""
 
-    def __init__(self, message: str, code: int = 0, err_code: int = 0) -> None:
+    def __init__(self, message: str, code: int = 0, err_code: int = 0, description: str = "") -> None:
         super().__init__(message)
         self.code = code
         self.err_code = err_code
+        self.description = description
 
 
 class StreamNotFoundError(ApiError):

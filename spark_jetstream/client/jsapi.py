@@ -38,6 +38,13 @@ NOT_FOUND_GRACE = 2.0
 """Seconds a not-found is retried when the meta leader cannot be asked for the names (a user without
 ``$JS.API.STREAM.NAMES``/``CONSUMER.NAMES``) although ``$JS.API.INFO`` answers; then it is believed."""
 
+STORE_RACE = (10049, "error creating store for stream")
+"""A stream create that raced nats-server's own clean-up: deleting an account's last stream removes its then-empty
+``streams`` directory in the background, and a create meanwhile fails to make its directory (2.15; measured: 19
+of 11,974 create-after-delete pairs under load). Asked again for ``STORE_RACE_GRACE`` (a create of the same
+config is idempotent); a store error that lasts (a full or read-only disk) is then raised as the server gave it."""
+STORE_RACE_GRACE = 1.0
+
 log = logging.getLogger(__name__)
 
 PRIORITY_GROUP = "PCG"
@@ -84,7 +91,8 @@ class JetStreamApi:
         code, err_code = error.get("code", 0), error.get("err_code", 0)
         if (err_code == STREAM_NOT_FOUND and stream) or (err_code == CONSUMER_NOT_FOUND and consumer):
             raise self.not_found(err_code, stream, consumer)
-        raise ApiError(f"{what}: {error.get('description', 'unknown error')} (error {err_code})", code, err_code)
+        description = error.get("description", "unknown error")
+        raise ApiError(f"{what}: {description} (error {err_code})", code, err_code, description)
 
     def not_found(self, err_code: int, stream: str, consumer: str = "") -> StreamNotFoundError | ConsumerNotFoundError:
         """The error for a stream (``STREAM_NOT_FOUND``) or consumer that does not exist: it names it and
@@ -134,9 +142,10 @@ class JetStreamApi:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.conn.api_timeout
         unconfirmed = 0.0  # when a not-found that the meta leader could not confirm was first seen
+        store_failed = 0.0  # when a create first failed to make its store (``STORE_RACE``)
 
         async def answer(raw: bytes) -> dict[str, Any]:
-            nonlocal unconfirmed
+            nonlocal unconfirmed, store_failed
             try:
                 return self.decode(raw, what, stream, consumer)
             except (StreamNotFoundError, ConsumerNotFoundError) as exc:
@@ -154,6 +163,10 @@ class JetStreamApi:
             except ApiError as exc:
                 if exc.err_code in CLUSTER_BUSY_CODES | ASSET_OFFLINE_CODES:
                     raise Retry(str(exc)) from None
+                if (exc.err_code, exc.description) == STORE_RACE:
+                    store_failed = store_failed or loop.time()
+                    if loop.time() - store_failed < STORE_RACE_GRACE:
+                        raise Retry(str(exc)) from None
                 raise
 
         async def unanswered() -> None:  # no leader now (RESET is served by the leader alone), or no such thing
