@@ -67,6 +67,15 @@ def query_not_failed(query: StreamingQuery) -> Callable[[], None]:
     return check
 
 
+def process_alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def child_alive(child: subprocess.Popen) -> Callable[[], None]:
     """A ``check`` for ``wait_for``: the child process (started with ``stderr=PIPE``) still runs (else the end of
     its stderr is the failure)."""

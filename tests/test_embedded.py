@@ -9,20 +9,11 @@ import sys
 import weakref
 
 import pytest
-from helpers import wait_for
+from helpers import process_alive, wait_for
 
 from spark_jetstream.tools.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.slow
-
-
-def _alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_a_server_dies_with_the_process_that_started_it():
@@ -43,10 +34,10 @@ def test_a_server_dies_with_the_process_that_started_it():
         line = starter.stdout.readline()
         assert line, starter.stderr.read().decode()[-3000:]
         pid = int(line)
-        assert _alive(pid)
+        assert process_alive(pid)
         assert os.readlink(f"/proc/{pid}/exe").endswith("nats-server"), "the server runs as itself, not under Python"
         os.kill(starter.pid, signal.SIGKILL)
-        wait_for(lambda: not _alive(pid), 10, "the server to die with the process that started it")
+        wait_for(lambda: not process_alive(pid), 10, "the server to die with the process that started it")
     finally:
         starter.kill()
         starter.wait(10)

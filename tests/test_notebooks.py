@@ -9,6 +9,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from helpers import process_alive
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 JUPYTER = NOTEBOOKS / "quickstart.ipynb"
@@ -100,14 +101,6 @@ def write_kernel_spec(directory: Path) -> str:
 def stdout_of(cell: nbformat.NotebookNode) -> str:
     outputs = cell.get("outputs", [])  # markdown cells have none
     return "".join(output.text for output in outputs if output.output_type == "stream" and output.name == "stdout")
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.mark.slow
