@@ -20,12 +20,9 @@ import urllib.request
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from spark_jetstream.errors import JetStreamError
-
-if TYPE_CHECKING:
-    pass
 
 
 def find_server_binary() -> str:
