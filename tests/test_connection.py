@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ import pytest
 
 from spark_jetstream.client.connection import Connection, ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.client.publish import publish_all
 from spark_jetstream.errors import ConnectError, ServerTooOldError
 from spark_jetstream.tools.embedded import EmbeddedServer, free_port
 
@@ -212,3 +214,36 @@ def test_errors_without_a_message_still_get_a_sentence_naming_the_option(error, 
     from spark_jetstream.client.nats_client import explain_failure
 
     assert explain_failure([error], ConnectionOptions(servers=("nats://alice:pw-9@h:4222",))) == says
+
+
+def _dialed(port: int, within: float) -> bool:
+    """Whether something connects to ``port`` on loopback within ``within`` seconds (it is let go at once)."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+        listener.settimeout(within)
+        try:
+            caller, _ = listener.accept()
+        except TimeoutError:
+            return False
+        caller.close()
+        return True
+
+
+@pytest.mark.slow
+def test_a_connection_a_spark_worker_made_stops_dialing_a_server_gone_for_good(spark):
+    """A reused Python worker keeps the connection its task made. Once the server is gone for good it dials the
+    port (what listens there later gets a client that sends nothing) for twice the API deadline, then closes."""
+    server = EmbeddedServer(name="gone").start()
+    options = ConnectionOptions(servers=(server.url,))
+    conn = connect(options)
+    JetStreamApi(conn).create_stream({"name": "GONE", "subjects": ["gone.>"], "allow_direct": True})
+    publish_all(conn, ((f"gone.{i}", b"x", None) for i in range(20)))
+    df = spark.read.format("jetstream").option("servers", server.url).option("stream", "GONE").load()
+    assert sorted(row.seq for row in df.select("seq").collect()) == list(range(1, 21))
+    disconnect(options)
+    server.close()
+    assert _dialed(server.port, 5), "no worker kept a connection: the test shows nothing"
+    time.sleep(2 * options.api_timeout + 5)  # its attempts: 0.5 s apart, and the one let go above
+    assert not _dialed(server.port, 3), "a Spark worker's connection still dials a server gone for good"

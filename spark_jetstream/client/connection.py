@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -134,9 +135,7 @@ class Connection:
 
     @property
     def api_timeout(self) -> float:
-        """How long API requests keep trying: long enough for a server restart or a leader election (a
-        raft election takes 4-9 s after a crash; measured at 10 s, a planning call once ran out)."""
-        return max(self.options.connect_timeout, 15.0)
+        return self.options.api_timeout
 
     async def subscribe_raw(
         self, handler: RawHandler, subject: str | None = None, bulk: Callable[[int], BulkHandler] | None = None
@@ -165,14 +164,28 @@ _connections: dict[ConnectionOptions, Connection] = {}
 _connect_lock = threading.Lock()
 
 
+def _in_spark_worker() -> bool:
+    """Whether this process is one of Spark's pooled Python workers (tasks, data source planning), which outlive
+    the work that made their connections; not a driver, nor the process running a streaming query's reader."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    name = spec.name if spec is not None else ""
+    return name in ("pyspark.daemon", "pyspark.worker") or name.startswith("pyspark.sql.worker.")
+
+
 def connect(options: ConnectionOptions) -> Connection:
-    """The process's connection for ``options``, connecting on first use."""
+    """The process's connection for ``options``, connecting on first use (again once it closed).
+
+    One made in a pooled Spark Python worker stops reconnecting after twice the API deadline and closes: the worker
+    keeps it after its task, and one dialing a server gone for good would, forever, connect to whatever listens on
+    that port later (Spark's listener for a Python worker connecting back failed a query so). A driver's, and the
+    streaming reader's, keep reconnecting: a query outlives an outage between batches."""
     runner = event_loop()
     with _connect_lock:
         conn = _connections.get(options)
         if conn is not None and not conn.client.is_closed:
             return conn
-        client = runner.run(open_client(options), timeout=options.connect_timeout + 5)
+        reconnect_for = 2 * options.api_timeout if _in_spark_worker() else None
+        client = runner.run(open_client(options, reconnect_for), timeout=options.connect_timeout + 5)
         conn = _connections[options] = Connection(options, client, runner)
         return conn
 

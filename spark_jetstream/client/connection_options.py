@@ -38,6 +38,12 @@ class ConnectionOptions:
         return redact(f"ConnectionOptions({shown})")
 
     @property
+    def api_timeout(self) -> float:
+        """How long API requests keep trying: long enough for a server restart or a leader election (a
+        raft election takes 4-9 s after a crash; measured at 10 s, a planning call once ran out)."""
+        return max(self.connect_timeout, 15.0)
+
+    @property
     def api_prefix(self) -> str:
         return f"$JS.{self.domain}.API" if self.domain else "$JS.API"
 

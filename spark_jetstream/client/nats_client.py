@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import re
 import socket
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 
 MIN_SERVER_VERSION = (2, 14, 5)
 """Consumer RESET needs 2.14; non-JSON pulls could crash priority-group consumers before 2.14.5."""
+RECONNECT_WAIT = 0.5
+"""Seconds between reconnect attempts to one server."""
 
 
 class TlsNotOfferedError(NatsError):
@@ -200,9 +203,11 @@ def explain_failure(errors: list[BaseException], options: ConnectionOptions) -> 
     return f"Connecting to the NATS server at {servers} failed ({what}): check the servers and connection options."
 
 
-async def open_client(options: ConnectionOptions) -> RawClient:
+async def open_client(options: ConnectionOptions, reconnect_for: float | None = None) -> RawClient:
     """A connected client for ``options``, or a ``ConnectError`` saying what went wrong: the files are
-    checked first, and refused credentials or a server without TLS fail at once instead of at the timeout."""
+    checked first, and refused credentials or a server without TLS fail at once instead of at the timeout.
+    ``reconnect_for``: seconds of reconnect attempts (each server's, refused at once) before the client closes;
+    None: for ever."""
     _check_credential_files(options)
     tls = _tls_context(options)
     errors: list[BaseException] = []
@@ -220,8 +225,8 @@ async def open_client(options: ConnectionOptions) -> RawClient:
         name="spark-jetstream",
         connect_timeout=max(0.1, min(options.connect_timeout, 2.0)),
         allow_reconnect=True,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
+        max_reconnect_attempts=-1 if reconnect_for is None else max(1, math.ceil(reconnect_for / RECONNECT_WAIT)),
+        reconnect_time_wait=RECONNECT_WAIT,
         error_cb=on_error,
         tls=tls,
         user_credentials=options.creds,
