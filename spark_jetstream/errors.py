@@ -68,6 +68,10 @@ class ServerTooOldError(ConnectError):
     """The server lacks a feature the connector needs (priority groups, consumer RESET)."""
 
 
+class NotPermittedError(JetStreamError):
+    """The server refused the NATS user a publish or subscribe the connector needs (a permissions violation)."""
+
+
 class ApiError(JetStreamError):
     """The JetStream API answered with an error."""
 

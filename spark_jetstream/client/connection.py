@@ -21,7 +21,8 @@ from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from spark_jetstream.client.connection_options import ConnectionOptions
-from spark_jetstream.client.nats_client import RawClient, open_client
+from spark_jetstream.client.features import Feature, Version, require, supports
+from spark_jetstream.client.nats_client import RawClient, open_client, server_address, server_version
 from spark_jetstream.client.protocol import BulkHandler, RawHandler
 
 __all__ = [
@@ -106,6 +107,20 @@ class Connection:
     def server_url(self) -> str:
         url = self.client.connected_url
         return f"{url.scheme}://{url.hostname}:{url.port}" if url else self.options.shown_servers
+
+    @property
+    def server_version(self) -> Version:
+        return server_version(self.client)[0]
+
+    def supports(self, feature: Feature) -> bool:
+        """Whether the server this connection is on has ``feature`` (``client.features``)."""
+        return supports(self.server_version, feature)
+
+    def require(self, feature: Feature, fix: str = "") -> None:
+        """Raise ``ServerTooOldError`` naming ``feature``, the server's version and the one needed, unless the server
+        has it; ``fix``: what else the user can do (", or ...")."""
+        _, shown = server_version(self.client)
+        require(self.server_version, shown, server_address(self.client, self.options), feature, fix)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

@@ -20,9 +20,6 @@ from spark_jetstream.client.jsapi import NO_MESSAGE_FOUND, JetStreamApi
 from spark_jetstream.client.protocol import header_fields
 from spark_jetstream.errors import ApiError, ConnectError
 
-PERMISSIONS_VIOLATION = "permissions violation"
-"""What the server's ``-ERR`` for a refused publish or subscribe says (nats-py lowercases it)."""
-
 
 @dataclass(frozen=True)
 class DirectMessage:
@@ -87,16 +84,15 @@ def may_direct_get(api: JetStreamApi, stream: str) -> bool:
 
 async def _may_request_async(api: JetStreamApi, subject: str, payload: bytes) -> bool:
     client = api.conn.client
-    before = client.last_error
     sub = await client.subscribe(client.new_inbox(), max_msgs=1)
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + max(api.conn.options.connect_timeout, 5.0)
+    started = loop.time()
+    deadline = started + max(api.conn.options.connect_timeout, 5.0)
     try:
         await client.publish(subject, payload, reply=sub.subject)
         while loop.time() < deadline:
-            error = client.last_error
-            text = str(error or "").lower()  # nats-py lowercases the server's -ERR
-            if error is not before and PERMISSIONS_VIOLATION in text and f'"{subject.lower()}"' in text:
+            refused = client.refused(subject, started)
+            if refused is not None and refused[0] == "publish to":
                 return False
             try:
                 await sub.next_msg(timeout=0.02)

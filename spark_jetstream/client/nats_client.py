@@ -23,15 +23,18 @@ from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from spark_jetstream.client.connection_options import ConnectionOptions
+from spark_jetstream.client.features import ANY_USE, Version, require
 from spark_jetstream.client.protocol import BulkHandler, FastParser, RawHandler, wire
-from spark_jetstream.errors import ConnectError, JetStreamError, ServerTooOldError
+from spark_jetstream.errors import ConnectError, JetStreamError
 
 log = logging.getLogger(__name__)
 
-MIN_SERVER_VERSION = (2, 14, 5)
-"""Consumer RESET needs 2.14; non-JSON pulls could crash priority-group consumers before 2.14.5."""
 RECONNECT_WAIT = 0.5
 """Seconds between reconnect attempts to one server."""
+
+
+_VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "([^"]+)"')
+"""A refused publish or subscribe as nats-py hands over the server's ``-ERR`` (lowercased)."""
 
 
 class TlsNotOfferedError(NatsError):
@@ -52,6 +55,7 @@ class RawClient(_NatsClient):
         self.bulk_handlers: dict[int, BulkHandler] = {}
         self._ps = FastParser(self)
         self.require_tls = require_tls
+        self.violations: dict[tuple[str, str], float] = {}  # ("publish" or "subscription", subject) -> when
 
     async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
         """A server that offers TLS without requiring it (``allow_non_tls``) is asked for it: nats-py
@@ -59,6 +63,25 @@ class RawClient(_NatsClient):
         if self.require_tls and info.get("tls_available"):
             info["tls_required"] = True
         await super()._process_info(info, initial_connection)
+
+    async def _process_err(self, err_msg: str) -> None:
+        """Remember when the server last refused a publish or subscribe to a subject: it never answers a refused
+        request, it only reports the violation (asynchronously) with ``-ERR``, so a request's timeout is explained
+        from here (``violated_since``)."""
+        found = _VIOLATION.search(err_msg)
+        if found is not None:
+            self.violations[(found.group(1), found.group(2))] = asyncio.get_running_loop().time()
+        await super()._process_err(err_msg)
+
+    def refused(self, subject: str, since: float = 0.0) -> tuple[str, str] | None:
+        """("publish to" or "subscribe to", the subject) when, at or after loop time ``since``, the server refused a
+        publish to ``subject`` or a subscription (``subject`` itself, or an inbox that replies come to); else None."""
+        wanted = subject.lower()
+        for (kind, refused), at in self.violations.items():
+            if at >= since and (refused == wanted or kind == "subscription"):
+                action = "publish to" if kind == "publish" else "subscribe to"
+                return action, subject if refused == wanted else refused
+        return None
 
     def _connect_command(self) -> bytes:
         """nats-py switches to TLS only when the server's INFO asks for it, then builds CONNECT (which
@@ -261,18 +284,21 @@ async def _abandon(client: RawClient) -> None:
         log.debug("closing a failed connection attempt failed", exc_info=True)
 
 
-def _check_version(client: RawClient, options: ConnectionOptions) -> None:
+def server_version(client: RawClient) -> tuple[Version, str]:
+    """The connected server's version, as a tuple and as shown to users (from its INFO)."""
     try:
-        version = client.connected_server_version  # from the server's INFO
+        version = client.connected_server_version
         found = (version.major, version.minor, version.patch)
-        shown = ".".join(map(str, found)) + (f"-{version.dev}" if version.dev else "")
+        return found, ".".join(map(str, found)) + (f"-{version.dev}" if version.dev else "")
     except ValueError:  # not a semantic version
-        found, shown = (0, 0, 0), "unknown"
-    if found < MIN_SERVER_VERSION:
-        needed = ".".join(map(str, MIN_SERVER_VERSION))
-        url = client.connected_url
-        where = f"{url.hostname}:{url.port}" if url else options.shown_servers
-        raise ServerTooOldError(
-            f"The NATS server at {where} runs version {shown}, but spark-jetstream needs "
-            f"nats-server {needed} or newer (priority groups and consumer RESET): upgrade the server."
-        )
+        return (0, 0, 0), "unknown"
+
+
+def server_address(client: RawClient, options: ConnectionOptions) -> str:
+    url = client.connected_url
+    return f"{url.hostname}:{url.port}" if url else options.shown_servers
+
+
+def _check_version(client: RawClient, options: ConnectionOptions) -> None:
+    found, shown = server_version(client)
+    require(found, shown, server_address(client, options), ANY_USE, "")

@@ -22,7 +22,7 @@ from spark_jetstream.client.connection import (
     JETSTREAM_ELECTING,
     JETSTREAM_UP,
 )
-from spark_jetstream.errors import ClusterUnavailableError, ConnectError
+from spark_jetstream.errors import ClusterUnavailableError, ConnectError, NotPermittedError
 
 if TYPE_CHECKING:
     from spark_jetstream.client.connection import Connection
@@ -57,7 +57,8 @@ async def request(
     """
     loop = asyncio.get_running_loop()
     timeout = conn.api_timeout
-    deadline = loop.time() + timeout
+    started = loop.time()
+    deadline = started + timeout
     responder_deadline = loop.time() + min(timeout, conn.options.connect_timeout)  # a wrong domain: sooner
     watch = _ClusterWatch(conn, subject)
     delay = 0.05
@@ -88,6 +89,8 @@ async def request(
                     ) from None
             except NatsTimeoutError:
                 watch.saw("timeout")
+                if (refused := conn.client.refused(subject, started)) is not None:
+                    raise NotPermittedError(not_permitted(*refused, asset)) from None
                 if unanswered is not None:
                     await unanswered()
             except ConnectionClosedError:
@@ -98,6 +101,15 @@ async def request(
             delay = min(delay * 2, 1.0)
     finally:
         watch.close()
+
+
+def not_permitted(action: str, subject: str, asset: str = "") -> str:
+    """What a permissions violation that left a request unanswered tells the user."""
+    about = f" (asking about {asset})" if asset else ""
+    return (
+        f"The NATS user may not {action} {subject}{about}: the server refused it (a permissions violation). Allow "
+        "it in the user's permissions; the README's Security section lists what each kind of read and write needs."
+    )
 
 
 class _ClusterWatch:

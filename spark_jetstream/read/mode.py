@@ -1,7 +1,8 @@
 """Which path reads a stream (option ``readMode``): Direct Get or consumers, chosen once when a read is planned.
 
-``direct`` needs the stream to allow Direct Get (``allow_direct``) and the NATS user to be allowed to publish to
-``$JS.API.DIRECT.GET.<stream>``; ``auto`` (the default) takes Direct Get where both hold and consumers otherwise;
+``direct`` needs batched Direct Get (nats-server 2.11+), the stream to allow Direct Get (``allow_direct``) and the
+NATS user to be allowed to publish to ``$JS.API.DIRECT.GET.<stream>``; ``auto`` (the default) takes Direct Get where
+all three hold and consumers otherwise;
 ``pull`` always reads through consumers. An explicit ``direct`` that cannot work fails here, naming the option and
 the fix; ``auto`` says once in the log which path reads and why.
 """
@@ -12,6 +13,7 @@ import logging
 from typing import Any
 
 from spark_jetstream.client import messages
+from spark_jetstream.client.features import BATCHED_DIRECT_GET
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import OptionError
 
@@ -25,6 +27,17 @@ def choose_read_mode(api: JetStreamApi, stream: str, stream_config: dict[str, An
     (``wanted``) asks; ``what`` names the read in the log ("batch read", "query on group 'g'")."""
     if wanted == PULL:
         log.info("The %s reads stream %r by pulling from consumers (readMode=pull)", what, stream)
+        return PULL
+    if not api.conn.supports(BATCHED_DIRECT_GET):
+        if wanted == DIRECT:
+            api.conn.require(BATCHED_DIRECT_GET, ", or set readMode to auto or pull to read through consumers")
+        log.warning(
+            "The NATS server has no batched Direct Get (nats-server %s+): the %s reads stream %r through consumers "
+            "(readMode=auto).",
+            BATCHED_DIRECT_GET.shown_since,
+            what,
+            stream,
+        )
         return PULL
     if not stream_config.get("allow_direct"):
         if wanted == DIRECT:

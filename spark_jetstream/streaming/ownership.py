@@ -21,7 +21,6 @@ from spark_jetstream.errors import GroupConfigError
 if TYPE_CHECKING:
     from nats.aio.subscription import Subscription
 
-_PERMISSIONS = "permissions violation"
 _ASK_TIMEOUT = 0.5
 _ECHO_TIMEOUT = 2.0
 """Seconds this query's own responder has to answer it (a refused subscription gets no responders at once)."""
@@ -95,9 +94,9 @@ class GroupClaim:
 
     def _check_permission(self, subject: str) -> None:
         """Raise when the server refused this connection a publish or subscribe on ``subject``."""
-        error = str(self.conn.client.last_error or "").lower()  # nats-py lowercases the server's -ERR
-        if _PERMISSIONS in error and f'"{subject.lower()}"' in error:
-            action = "subscribe to" if "subscription" in error else "publish to"
+        refused = self.conn.client.refused(subject)
+        if refused is not None and refused[1] == subject:
+            action = refused[0]
             raise GroupConfigError(
                 f"The NATS user may not {action} {subject} (a permissions violation): allow it to publish and "
                 "subscribe on _SPARK_JETSTREAM.owner.> so a query can tell whether another one already reads "

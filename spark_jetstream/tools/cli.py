@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from spark_jetstream import __version__
 from spark_jetstream.client.connection import connect
+from spark_jetstream.client.features import GROUPS
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import JetStreamError, redact
 from spark_jetstream.groups.admin import (
@@ -146,6 +147,7 @@ def group_command(args: argparse.Namespace) -> int:
     elif action == "map":
         change_members(api, args.stream, args.group, mappings=_mappings(args.map or ()))
     elif action == "step-down":
+        api.conn.require(GROUPS)
         step_down(api, args.stream, args.group, args.member, args.members)
         print(f"unpinned member {args.member!r}: its reader lost the pin")
         return 0

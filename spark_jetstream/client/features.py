@@ -1,0 +1,58 @@
+"""What each nats-server version can carry, asked of the server a connection is on.
+
+Every use needs nats-server 2.10 or newer (the oldest release tested: ephemeral consumers with
+``filter_subjects``, ``STREAM.MSG.GET`` with ``next_by_subj`` and ``start_time``, pulls with ``max_bytes`` and
+heartbeats, ``Nats-Msg-Id`` and KV buckets all work there). Two features need more, each refused at the start of
+the read that needs it with the feature, the server's version and the version needed (decision 0019, which has
+what each release answered):
+
+- batched Direct Get (``batch`` in a ``DIRECT.GET`` request): 2.11. A 2.10 server ignores ``batch`` and answers
+  one message without an end-of-batch status, so reads there go through consumers.
+- consumer groups (priority-group pins, UNPIN and consumer RESET): 2.14.5. 2.10 creates a ``pinned_client``
+  consumer without the pin (it drops the fields it does not know), 2.11-2.12 have no RESET, and before 2.14.5 a
+  non-JSON pull could crash a server with priority-group consumers.
+
+In a cluster the version checked is that of the server the connection is on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spark_jetstream.errors import ServerTooOldError
+
+Version = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Feature:
+    """A server feature and the first nats-server release that has it."""
+
+    name: str
+    since: Version
+
+    @property
+    def shown_since(self) -> str:
+        """``2.11`` for 2.11.0, ``2.14.5``."""
+        major, minor, patch = self.since
+        return f"{major}.{minor}" + (f".{patch}" if patch else "")
+
+
+ANY_USE = Feature("spark-jetstream", (2, 10, 0))
+BATCHED_DIRECT_GET = Feature("batched Direct Get", (2, 11, 0))
+GROUPS = Feature("consumer groups (priority-group pins and consumer RESET)", (2, 14, 5))
+
+
+def supports(version: Version, feature: Feature) -> bool:
+    return version >= feature.since
+
+
+def require(version: Version, shown: str, where: str, feature: Feature, fix: str) -> None:
+    """Raise ``ServerTooOldError`` unless the server (at ``where``, version ``shown``) has ``feature``; ``fix`` is
+    the sentence that says what to do besides upgrading."""
+    if supports(version, feature):
+        return
+    raise ServerTooOldError(
+        f"The NATS server at {where} runs version {shown}, but {feature.name} requires nats-server "
+        f"{feature.shown_since} or newer: upgrade the server{fix}."
+    )
