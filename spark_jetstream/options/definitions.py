@@ -27,6 +27,7 @@ from spark_jetstream.options.parsers import (
     parse_servers,
     parse_size,
     parse_subject,
+    parse_subject_filters,
     parse_text,
     parse_timestamp,
 )
@@ -74,6 +75,7 @@ OPTIONS: tuple[Option, ...] = (
         "pull",
         attr="in_flight",
         minimum=1,
+        group_only=True,
     ),
     Option(
         "pullExpires",
@@ -85,6 +87,7 @@ OPTIONS: tuple[Option, ...] = (
         "pull",
         attr="expires",
         minimum=0.1,
+        group_only=True,
     ),
     Option(
         "pullIdleHeartbeat",
@@ -96,6 +99,7 @@ OPTIONS: tuple[Option, ...] = (
         "pull",
         attr="idle_heartbeat",
         minimum=0.05,
+        group_only=True,
     ),
     Option(
         "pullMaxBytes",
@@ -143,12 +147,23 @@ OPTIONS: tuple[Option, ...] = (
         "group",
         parse_name,
         None,
-        "The partitioned consumer group; its member consumers are `<group>-<member>`.",
+        "A partitioned consumer group (pcgroups) whose member consumers `<group>-<member>` hold the query's "
+        "position as their ack floors, with pins that keep other clients out; made when missing. Without it the "
+        "position lives in the checkpoint alone, and the query creates and changes nothing on the server.",
         READ,
         "read",
-        required=frozenset({STREAM}),
-        batch_doc="Optional: read what this group reads (its work stream, its members' filter subjects), without "
-        "touching its consumers. Default: the whole stream.",
+        batch_doc="Read what this group reads (its work stream, its members' filter subjects), without touching its "
+        "consumers. Default: the whole stream.",
+    ),
+    Option(
+        "subjects",
+        parse_subject_filters,
+        None,
+        "Comma-separated subject filters (`*` and `>` wildcards) on the subjects as the `subject` column shows them: "
+        "only matching messages are read, filtered by the server. Reads without `group` (a group reads what its "
+        "member consumers filter).",
+        READ,
+        "read",
     ),
     Option(
         "members",
@@ -158,13 +173,14 @@ OPTIONS: tuple[Option, ...] = (
         READ,
         "read",
         batch_doc="With `group`: as for streaming reads.",
+        group_only=True,
     ),
     Option(
         "startingPosition",
         parse_position,
         None,
         "Where a new query starts: `earliest`, `latest`, `group` (the member consumers' ack floor) or a "
-        "stream sequence. Default: `group` when the member consumers exist, else `earliest`.",
+        "stream sequence. Default: `group` when the group's member consumers exist, else `earliest`.",
         READ,
         "read",
         batch_doc="First message: `earliest` (default), `latest`, `group` (after the group's ack floor) or a stream "
@@ -252,6 +268,7 @@ OPTIONS: tuple[Option, ...] = (
         frozenset({STREAM}),
         "read",
         minimum=1,
+        group_only=True,
     ),
     Option(
         "priorityTimeout",
@@ -263,6 +280,7 @@ OPTIONS: tuple[Option, ...] = (
         frozenset({STREAM}),
         "pull",
         minimum=5,
+        group_only=True,
     ),
     Option(
         "ackPolicy",
@@ -274,15 +292,17 @@ OPTIONS: tuple[Option, ...] = (
         "the floor runs ahead of it (see Guarantees).",
         frozenset({STREAM}),
         "read",
+        group_only=True,
     ),
     Option(
         "readMode",
         parse_read_mode,
         "auto",
         "How tasks read: `direct` (Direct Get, every partition filter in parallel, from any replica; the stream "
-        "needs `allow_direct`), `pull` (each member's task pulls from its member consumer, which the task pins; "
-        "one Spark partition per member) or `auto`: `direct` where the stream allows Direct Get and the NATS user "
-        "may use it, else `pull` (README, Reading a stream).",
+        "needs `allow_direct` and nats-server 2.11+), `pull` (with `group`, each member's task pulls from its member "
+        "consumer, which the task pins, one Spark partition per member; without, each task reads its range through "
+        "an ephemeral consumer of its own) or `auto`: `direct` where the stream, the server and the NATS user allow "
+        "Direct Get, else `pull` (README, Reading a stream).",
         READ,
         "read",
         batch_doc="How tasks read: `direct` (Direct Get; the stream needs `allow_direct`), `pull` (each task "
@@ -295,8 +315,8 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "At least this many Spark partitions per micro-batch (as Kafka's `minPartitions`): the widest seq ranges "
         "are cut into contiguous slices, each read in seq order, so one partition's messages may then be read "
-        "by several tasks at once. The same batch is always cut the same way. Refused when the query pulls "
-        "(`readMode=pull`, or `auto` on a stream without Direct Get): a member consumer is read by one task.",
+        "by several tasks at once. The same batch is always cut the same way. Refused when a query with `group` "
+        "pulls (`readMode=pull`, or `auto` without Direct Get): a member consumer is read by one task.",
         READ,
         "read",
         batch_doc="At least this many Spark partitions (as Kafka's `minPartitions`): the widest seq ranges are cut "

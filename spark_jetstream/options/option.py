@@ -23,7 +23,8 @@ class Option:
 
     ``attr`` is the field it fills in a config dataclass (default: the name in snake_case); ``part``
     groups it in the docs (``connection``, ``pull``, ``read``, ``sink``); ``required`` lists the
-    modes that need it; ``batch_doc`` replaces ``doc`` where batch reads mean something else by it.
+    modes that need it; ``batch_doc`` replaces ``doc`` where batch reads mean something else by it;
+    ``group_only`` options configure a group's member consumers and are refused without ``group``.
     """
 
     name: str
@@ -38,6 +39,7 @@ class Option:
     maximum: float | None = None
     required: frozenset[str] = frozenset()
     batch_doc: str | None = None
+    group_only: bool = False  # about a group's member consumers: refused without the group option
 
     def __post_init__(self) -> None:
         if not self.attr:

@@ -78,8 +78,20 @@ def _check_combinations(values: dict[str, Any], given: set[str]) -> None:
     for first, second in _EXCLUSIVE:
         if first.lower() in given and second.lower() in given:
             raise OptionError(f"Set {first} or {second}, not both.")
-    if values.get("startingPosition") == "group" and "group" in values and not values["group"]:
-        raise OptionError("startingPosition=group needs the group option: whose ack floor would it start at?")
+    if "group" in values and not values["group"]:
+        if values.get("startingPosition") == "group":
+            raise OptionError("startingPosition=group needs the group option: whose ack floor would it start at?")
+        for option in OPTIONS:
+            if option.group_only and option.name.lower() in given:
+                raise OptionError(
+                    f"Option {option.name!r} applies to the member consumers of a group, and this read has none: set "
+                    f"the group option, or remove {option.name}."
+                )
+    elif values.get("group") and values.get("subjects") is not None:
+        raise OptionError(
+            f"Option 'subjects' applies to reads without a group: group {values['group']!r} reads what its member "
+            "consumers' filters select. Remove subjects, or the group option."
+        )
     start, end = values.get("startingPosition"), values.get("endingPosition")
     if isinstance(start, int) and isinstance(end, int) and end < start:
         raise OptionError(

@@ -9,6 +9,8 @@ import re
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
+from spark_jetstream.client.subjects import filter_problem, overlapping
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -113,6 +115,21 @@ def parse_subject(text: str) -> str:
     if not re.match(SUBJECT_PATTERN, stripped):
         raise ValueError("expected a subject such as orders.eu.new (no spaces, empty tokens or wildcards)")
     return stripped
+
+
+def parse_subject_filters(text: str) -> tuple[str, ...]:
+    """Comma-separated subject filters (``*`` and ``>`` wildcards), no two of which match the same subject: a
+    message on both would be read twice."""
+    filters = tuple(part.strip() for part in text.split(","))
+    for subject in filters:
+        if (problem := filter_problem(subject)) is not None:
+            raise ValueError(f"{problem}; expected comma-separated subject filters such as orders.eu.>,orders.*.new")
+    if (pair := overlapping(filters)) is not None:
+        raise ValueError(
+            f"filters {pair[0]!r} and {pair[1]!r} both match some subjects, whose messages would be read twice: "
+            "give filters that do not overlap"
+        )
+    return filters
 
 
 ACK_POLICIES = ("explicit", "none")

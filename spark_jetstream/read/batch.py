@@ -7,8 +7,9 @@ it deletes when done (``read.consumer``). Either way the group's member consumer
 pins and pending counts) are never touched, nothing is acked, and a crashed executor leaves nothing
 behind for long.
 
-Parallelism: one Spark partition per partition filter (``<p>.>``, or the group's member filters)
-and per ``maxRangePerPartition`` stream sequences, cut further for ``minPartitions``.
+Parallelism: one Spark partition per filter subject of the read's scope (``read.scope``: ``<p>.>``, the group's
+member filters, or those of option ``subjects``) and per ``maxRangePerPartition`` stream sequences, cut further for
+``minPartitions``.
 """
 
 from __future__ import annotations
@@ -17,19 +18,19 @@ import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import pyarrow as pa
 
 from spark_jetstream.client.connection import Connection, ConnectionOptions, connect
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.groups.layout import partition_filters, reads_whole_stream, transform_partitions
+from spark_jetstream.groups.layout import reads_whole_stream
 from spark_jetstream.groups.resolve import resolve_layout
 from spark_jetstream.options import BATCH, config_values, connection_options, default_of, parse_options
 from spark_jetstream.read.consumer import check_consumer_reads, read_by_consumer
 from spark_jetstream.read.direct import first_seqs, read_range, split, spread
 from spark_jetstream.read.mode import DIRECT, PULL, choose_read_mode
 from spark_jetstream.read.ranges import SeqRange
+from spark_jetstream.read.scope import group_scope, stream_scope
 from spark_jetstream.read.start import check_data_loss, seq_at, start_after
 from spark_jetstream.spark_compat import DataSourceReader, InputPartition
 
@@ -46,6 +47,7 @@ class BatchConfig:
     connection: ConnectionOptions
     stream: str
     group: str | None = None
+    subjects: tuple[str, ...] | None = None
     members: int | None = None
     starting_position: str | int | None = None
     starting_timestamp: datetime | None = None
@@ -89,26 +91,13 @@ class JetStreamBatchReader(DataSourceReader):
 # -- planning (driver) ---------------------------------------------------------------------------
 
 
-def _partitions_of(stream_config: dict[str, Any]) -> int | None:
-    """N when the stored subjects start with a partition number: the stream's own transform, or the
-    transforms through which it sources (an elastic group's work stream)."""
-    own = transform_partitions(stream_config)
-    if own is not None:
-        return own
-    counts = {
-        transform_partitions({"subject_transform": transform})
-        for source in stream_config.get("sources") or []
-        for transform in source.get("subject_transforms") or []
-    }
-    return counts.pop() if len(counts) == 1 and None not in counts else None
-
-
 def plan(conn: Connection, config: BatchConfig) -> list[SeqRange]:
     """The ranges to read, fixed now: ``(start, end]`` split per filter subject and seq width."""
     api = JetStreamApi(conn)
     source = api.stream_info(config.stream)
     layout = resolve_layout(api, source["config"], config.group, config.members) if config.group else None
-    stream = layout.stream if layout else config.stream
+    scope = group_scope(layout) if layout else stream_scope(source["config"], config.subjects)
+    stream = scope.stream
     info = api.stream_info(stream) if stream != config.stream else source
     read_mode = choose_read_mode(api, stream, info["config"], config.read_mode, "batch read")
     if read_mode == PULL:
@@ -127,19 +116,13 @@ def plan(conn: Connection, config: BatchConfig) -> list[SeqRange]:
         end = min(int(config.ending_position), last_seq)
     if end <= start:
         return []
-    if layout is not None:
-        partitioned = layout.partitioned
-        filters = layout.read_filters
-    else:
-        count = _partitions_of(info["config"])
-        partitioned = count is not None
-        filters = partition_filters(range(count)) if count is not None else [">"]
+    filters = list(scope.filters)
     template = SeqRange(
         stream=stream,
         filter="",
         start=start,
         end=end,
-        partitioned=partitioned,
+        partitioned=scope.partitioned,
         include_headers=config.include_headers,
         direct_batch=config.direct_batch,
         direct_max_bytes=config.direct_max_bytes,
