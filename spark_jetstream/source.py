@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from spark_jetstream.errors import JetStreamError
 from spark_jetstream.options import LOAD, parse_options
 from spark_jetstream.read.row_schema import spark_schema_ddl
 from spark_jetstream.spark_compat import STREAM_READER_BASES, DataSource, InputPartition, read_limit
@@ -50,7 +51,13 @@ class JetStreamDataSource(DataSource):
         return spark_schema_ddl(values["includeHeaders"])
 
     def streamReader(self, schema: StructType) -> JetStreamStreamReader:
-        return JetStreamStreamReader(SourceConfig.parse(self.options))
+        """Options a streaming read refuses (those ``load()`` could not tell from a batch read's) are raised at
+        Spark's first call of the reader, not here: PySpark's streaming runner (4.0-4.3) masks whatever this method
+        raises behind an ``UnboundLocalError`` from its own clean-up."""
+        try:
+            return JetStreamStreamReader(SourceConfig.parse(self.options))
+        except JetStreamError as exc:
+            return JetStreamStreamReader(None, refused=exc)
 
     def reader(self, schema: StructType) -> JetStreamBatchReader:
         from spark_jetstream.read.batch import BatchConfig, JetStreamBatchReader
@@ -82,13 +89,21 @@ class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
     configured limits itself.
     """
 
-    def __init__(self, config: SourceConfig) -> None:
-        self.config = config
+    def __init__(self, config: SourceConfig | None, refused: JetStreamError | None = None) -> None:
+        self._config = config
+        self._refused = refused  # why the options were refused: raised at Spark's first call
         self._coordinator: Coordinator | None = None
         self._position: dict[str, Any] | None = None  # the last offset Spark showed (PySpark < 4.2)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"config": self.config, "_coordinator": None, "_position": None}
+        return {"_config": self._config, "_refused": None, "_coordinator": None, "_position": None}
+
+    @property
+    def config(self) -> SourceConfig:
+        if self._refused is not None:
+            raise self._refused
+        assert self._config is not None
+        return self._config
 
     @property
     def coordinator(self) -> Coordinator:
@@ -139,18 +154,19 @@ class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
         return [InputPartition(r) for r in self.coordinator.plan(self._watermark(start), self._watermark(end))]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """A ``SeqRange`` is read with Direct Get (a ``SmallBatch``'s ranges one after the other), a ``MemberRange``
-        pulled from its member consumer."""
+        """A ``SeqRange`` is read with Direct Get or through an ephemeral consumer, as its ``read_mode`` says (a
+        ``SmallBatch``'s ranges one after the other); a ``MemberRange`` is pulled from its member consumer."""
         from spark_jetstream.client.connection import connect
+        from spark_jetstream.read.consumer import read_by_consumer
         from spark_jetstream.read.direct import read_range
+        from spark_jetstream.read.mode import PULL
         from spark_jetstream.read.ranges import SeqRange, SmallBatch
 
         conn = connect(self.config.connection)
-        if isinstance(partition.value, SmallBatch):
-            for seq_range in partition.value.ranges:
-                yield from read_range(conn, seq_range)
-        elif isinstance(partition.value, SeqRange):
-            yield from read_range(conn, partition.value)
+        value = partition.value
+        if isinstance(value, SeqRange | SmallBatch):
+            for seq_range in value.ranges if isinstance(value, SmallBatch) else (value,):
+                yield from (read_by_consumer if seq_range.read_mode == PULL else read_range)(conn, seq_range)
         else:
             from pyspark import TaskContext
 
@@ -158,7 +174,7 @@ class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
 
             context = TaskContext.get()  # a retry or a speculative copy must fence the attempt before it
             first = context is None or context.attemptNumber() == 0
-            yield from read_member(conn, partition.value, self.config.pull, first_attempt=first)
+            yield from read_member(conn, value, self.config.pull, first_attempt=first)
 
     def commit(self, end: dict[str, Any]) -> None:
         self.coordinator.commit(self._watermark(end))

@@ -59,7 +59,7 @@ _IO_FIXTURES = frozenset(
         "spark",
         # module fixtures that start servers, clusters, virtualenvs or certificate tooling themselves
         "secured_server",
-        "old_server_binary",
+        "versioned_server",
         "pki",
         "plain_token_server",
         "operator_mode",

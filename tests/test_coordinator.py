@@ -118,10 +118,11 @@ def test_a_pcgroups_static_group_in_kv_is_read(nats_server, conn, api, make_stre
     conn.run(write_config())
     try:
         coordinator = coordinators(nats_server.url, stream.name, "kvgroup")
-        layout = coordinator.layout
+        assert coordinator.group is not None
+        layout = coordinator.group.layout
         assert layout.kind == "static"
         assert {m.name: m.partitions for m in layout.members} == {"alice": (0, 3), "bob": (1, 2)}
-        assert coordinator.layout.read_filters == ["0.>", "3.>", "1.>", "2.>"]  # each member's partitions
+        assert layout.read_filters == ["0.>", "3.>", "1.>", "2.>"]  # each member's partitions
         (small,) = coordinator.plan(Watermark(stream.name, 0), Watermark(stream.name, 600))
         assert (small.filter, small.start, small.end) == (">", 0, 600)  # all of them: the whole stream, in seq order
         assert {
@@ -135,7 +136,7 @@ def test_a_pcgroups_static_group_in_kv_is_read(nats_server, conn, api, make_stre
 
 def test_members_option_on_a_partitioned_stream(nats_server, make_stream, coordinators):
     stream = make_stream(100, partitions=4)
-    layout = coordinators(nats_server.url, stream.name, "two", members="2").layout
+    layout = coordinators(nats_server.url, stream.name, "two", members="2").group.layout
     assert {m.name: m.partitions for m in layout.members} == {"0": (0, 1), "1": (2, 3)}
     with pytest.raises(GroupConfigError, match="members=5 is more than the 4 partitions"):
         coordinators(nats_server.url, stream.name, "five", members="5")

@@ -12,6 +12,7 @@ from spark_jetstream.client.publish import publish_all
 from spark_jetstream.errors import GroupConfigError
 from spark_jetstream.groups.admin import change_members, create_group, delete_group, load_group, status
 from spark_jetstream.groups.layout import GroupConfig, PartitioningFilter, layout_from_config, work_stream_name
+from spark_jetstream.groups.resolve import resolve_layout
 from spark_jetstream.streaming.config import SourceConfig
 from spark_jetstream.streaming.coordinator import Coordinator
 
@@ -116,11 +117,12 @@ def test_the_pin_keeper_does_not_take_the_querys_own_membership_change_for_anoth
         start, end = coordinator.initial(), coordinator.watermark(100)
         coordinator.plan(start, end)
         coordinator.commit(end)
-        members, keeper = coordinator.members, coordinator.pins
+        assert coordinator.group is not None
+        members, keeper = coordinator.group.members, coordinator.group.pins
         assert keeper is not None
         change_members(api, "Race", "eg", drop=("m2",))
         members.layout_changes += 1  # the query's change under way: the layout taken, its consumers not yet remade
-        members.layout = coordinator.resolve_layout()
+        members.layout = resolve_layout(api, api.stream_info("Race")["config"], "eg", None)
         api.conn.run(keeper.check())  # no error
         members.layout_changes += 1
         with pytest.raises(GroupConfigError, match="'m1' on stream 'Race-eg' was changed by another client"):

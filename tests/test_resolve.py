@@ -25,9 +25,10 @@ def test_the_cli_shows_the_members_a_query_gave_a_derived_group(nats_server, api
     stream = make_stream(100, partitions=4)
     query = coordinator(nats_server.url, stream.name, "two", members="2")
     try:
-        query.members.ensure(query.state().retention)
+        assert query.group is not None
+        query.group.members.ensure(query.state().retention)
         layout = group_layout(api, stream.name, "two")  # counted from the consumers, checked against their filters
-        assert layout == query.layout
+        assert layout == query.group.layout
         assert {m.name: m.partitions for m in layout.members} == {"0": (0, 1), "1": (2, 3)}
         assert [row.partitions for row in status(api, stream.name, "two")] == [(0, 1), (2, 3)]
         assert group_layout(api, stream.name, "two", members=4).member_names == ["0", "1", "2", "3"]

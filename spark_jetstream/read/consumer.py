@@ -57,9 +57,10 @@ def check_consumer_reads(stream: str, stream_config: dict[str, Any]) -> None:
     """Refuse, before any task runs, a stream that cannot be read through a consumer of the read's own."""
     if stream_config.get("retention") == "workqueue":
         raise ReaderError(
-            f"Stream {stream!r} is a WorkQueue stream, which serves each subject to one consumer only, so a batch read "
-            f"cannot read it through a consumer of its own: enable Direct Get (`nats stream edit {stream} "
-            "--allow-direct`) and read with readMode=auto or direct."
+            f"Stream {stream!r} is a WorkQueue stream, which serves each subject to one consumer only, so a read "
+            f"through consumers of its own cannot read it: enable Direct Get (`nats stream edit {stream} "
+            "--allow-direct`) and read with readMode=auto or direct, or stream it with a group (its member consumers "
+            "take the queue's messages)."
         )
 
 

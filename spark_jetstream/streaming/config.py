@@ -41,7 +41,8 @@ class SourceConfig:
     connection: ConnectionOptions
     pull: PullSettings
     stream: str
-    group: str
+    group: str | None = None
+    subjects: tuple[str, ...] | None = None
     members: int | None = None
     starting_position: str | int | None = None
     starting_timestamp: datetime | None = None

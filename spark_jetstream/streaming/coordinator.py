@@ -1,49 +1,44 @@
 """The driver side of a streaming query: planning batches and committing them.
 
-One ``Coordinator`` lives in the long-lived driver-side Python process of a query run. It plans
-(limits -> the batch's end; partitions with data -> input partitions read with Direct Get, or
-members -> pinned pulls, as ``readMode`` chose when the run started) and hands every ack to
-``MemberConsumers.acknowledge``, the one place ack floors move: between batches each member's ack
-floor equals the last offset in Spark's commit log. Ownership of the group is ``ownership.GroupClaim``.
+One ``Coordinator`` lives in the long-lived driver-side Python process of a query run. It plans (limits -> the
+batch's end; the read's scope -> input partitions read with Direct Get or through consumers, as ``readMode`` chose
+when the run started). With option ``group`` it holds the group (``held_group.HeldGroup``: member consumers whose
+ack floors equal the last offset in Spark's commit log between batches, pins, the claim); without, the position
+lives in Spark's checkpoint alone and the query creates and changes nothing on the server: each task reads its
+range with Direct Get, or through an ephemeral consumer of its own that it deletes when done.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from spark_jetstream.client.connection import Connection, connect
+from spark_jetstream.client.features import GROUPS
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.errors import GroupConfigError, OptionError
-from spark_jetstream.groups.layout import GroupLayout, reads_whole_stream
-from spark_jetstream.groups.resolve import find_group_async, layout_of, resolve_layout
+from spark_jetstream.groups.layout import reads_whole_stream
+from spark_jetstream.read.consumer import check_consumer_reads
 from spark_jetstream.read.direct import first_seqs, split, spread
 from spark_jetstream.read.mode import DIRECT, PULL, choose_read_mode
 from spark_jetstream.read.ranges import MemberRange, SeqRange, SmallBatch
+from spark_jetstream.read.scope import ReadScope, stream_scope
 from spark_jetstream.read.start import check_data_loss, start_after
 from spark_jetstream.streaming.config import SourceConfig
 from spark_jetstream.streaming.faults import fault_point
-from spark_jetstream.streaming.member_consumers import MemberConsumers, check_ack_policy
+from spark_jetstream.streaming.held_group import HeldGroup
 from spark_jetstream.streaming.offsets import Watermark
-from spark_jetstream.streaming.ownership import GroupClaim, describe_this_process
-from spark_jetstream.streaming.pins import PinKeeper
 from spark_jetstream.streaming.planning import Limits, batch_end
 
 log = logging.getLogger(__name__)
 
 STREAM_INFO_INTERVAL = 0.1
 """Seconds between stream-info calls while Spark polls an idle stream (it asks every 10 ms)."""
-FLOOR_WAIT = 0.5
-"""Seconds a Direct Get query waits for its member consumers' floors before the next batch goes on without them."""
-LAYOUT_WAIT = 1.0
-"""Seconds planning waits for the group's config before the batch keeps the last batch's layout."""
 ONE_TASK_MESSAGES = 4096
-"""A Direct Get micro-batch of at most this many messages (and at most one record batch's bytes, estimated) is read
-by one task (one ``>`` range on a stream that is all the group's, else a ``SmallBatch``): at 5,000 msg/s, 4 tasks
-per batch made the batch cycle 1.38x a one-task source's and one task 1.00x (decisions 0016, 0017)."""
+"""A micro-batch of at most this many messages (and at most one record batch's bytes, estimated) is read by one task
+(one ``>`` range on a stream that is all the read's, else a ``SmallBatch``): at 5,000 msg/s, 4 tasks per batch made
+the batch cycle 1.38x a one-task source's and one task 1.00x (decisions 0016, 0017)."""
 
 
 @dataclass(frozen=True)
@@ -62,51 +57,39 @@ class StreamState:
 
 
 class Coordinator:
-    """Driver-side state of one query run over one group."""
+    """Driver-side state of one query run over one stream (and its group, with option ``group``)."""
 
     def __init__(self, config: SourceConfig) -> None:
         self.config = config
-        self._claim: GroupClaim | None = None  # close() works from here on, whatever fails below
-        self.pins: PinKeeper | None = None
+        self.group: HeldGroup | None = None  # close() works from here on, whatever fails below
         self.conn: Connection = connect(config.connection)
         self.api = JetStreamApi(self.conn)
-        self.source_stream = config.stream
         source_info = self.api.stream_info(config.stream)  # fails fast on a missing stream
-        self._source_config = source_info["config"]
         self._state: StreamState | None = None
         self._state_at = 0.0
         self._available_now_cap: int | None = None
         self._last_batch_at = time.monotonic()
-        self.owner = describe_this_process()
-        layout = self.resolve_layout()
-        self.stream = layout.stream  # the work stream of an elastic group
-        self.members = MemberConsumers(
-            self.api, layout, config.ack_wait, config.ack_policy, self.owner, config.priority_timeout
-        )
-        if self.stream == self.source_stream:  # the info just read (an elastic group reads its work stream)
-            self._take_state(source_info)
-        check_ack_policy(config.ack_policy, self.state().retention, layout)
-        what = f"query on group {config.group!r}"
-        self.direct = choose_read_mode(self.api, self.stream, self._stream_config, config.read_mode, what) == DIRECT
-        if self.direct:
-            self.pins = PinKeeper(self.members)  # nothing of the query pulls: it keeps the pins itself
+        self.scope: ReadScope | None = None  # a read without a group: fixed for the run
+        if config.group is not None:
+            self.conn.require(GROUPS, ", or read without the group option (the checkpoint alone holds the position)")
+            self.group = HeldGroup(self.api, config, source_info["config"])
+            self.stream = self.group.stream  # the work stream of an elastic group
         else:
-            self._refuse_min_partitions()
-            self._warn_crowded_members()
-        # Claimed last, once nothing above can refuse the query: a refused query holds nothing.
-        self._claim = GroupClaim(self.conn, self.source_stream, config.group, self.owner)
-        self._claim.claim()
-
-    @property
-    def layout(self) -> GroupLayout:
-        return self.members.layout
+            self.scope = stream_scope(source_info["config"], config.subjects)
+            self.stream = config.stream
+        # the info just read, unless the group is elastic: its members read its work stream
+        self._take_state(source_info if self.stream == config.stream else self.api.stream_info(self.stream))
+        what = f"query on group {config.group!r}" if config.group else "query"
+        self.direct = choose_read_mode(self.api, self.stream, self._stream_config, config.read_mode, what) == DIRECT
+        if self.group is not None:
+            self.group.hold(self.direct, self.state().retention)  # last: a refused query holds nothing
+        elif not self.direct:
+            check_consumer_reads(self.stream, self._stream_config)
 
     def close(self) -> None:
-        """Give up the pins and the claim on the group (safe on a half-built coordinator, and twice)."""
-        if self.pins is not None:
-            self.pins.stop()
-        if self._claim is not None:
-            self._claim.release()
+        """Give up the group, if any (safe on a half-built coordinator, and twice)."""
+        if self.group is not None:
+            self.group.close()
 
     # -- stream --------------------------------------------------------------------------------
 
@@ -131,41 +114,10 @@ class Coordinator:
         self.created = info.get("created", "")
         self._state_at = time.monotonic()
 
-    # -- group ---------------------------------------------------------------------------------
-
-    def resolve_layout(self) -> GroupLayout:
-        """The group's layout (``groups.resolve``); an elastic group's work stream is made when missing."""
-        return resolve_layout(
-            self.api, self._source_config, self.config.group, self.config.members, create_work_stream=True
-        )
-
-    def _layout_now(self) -> GroupLayout:
-        """The layout for the next batch: a membership change takes effect at this batch boundary. When the group's
-        config cannot be read within ``LAYOUT_WAIT`` (without a config bucket, telling a missing bucket from an
-        election needs the meta leader, and one killed takes 4-9 s to replace), the last batch's layout: the change
-        then takes effect at a later boundary, and the query does not stall meanwhile."""
-        config = self.config
-        lookup = asyncio.wait_for(find_group_async(self.api, self._source_config["name"], config.group), LAYOUT_WAIT)
-        try:
-            found = self.conn.run(lookup)
-        except TimeoutError:
-            log.info("Group %r's config could not be read in %gs: keeping its layout", config.group, LAYOUT_WAIT)
-            return self.layout
-        return layout_of(self.api, self._source_config, config.group, config.members, found, create_work_stream=True)
-
-    def _acknowledge(self, committed: Watermark, remade: bool = False) -> None:
-        """Move the floors (``MemberConsumers.acknowledge``); fail first if another client is on a member consumer.
-
-        On the Direct Get path the next batch waits at most ``FLOOR_WAIT`` for them: nothing of its reads needs
-        a member consumer, and one whose leader is being elected (4-9 s after its server crashed) would hold up
-        the query for the whole election. Pulls need their consumers: there the floors are always waited for.
-        """
-        if self.pins is not None:
-            self.pins.raise_error()
-        wait = FLOOR_WAIT if self.direct else None
-        self.members.acknowledge(committed.seq, self.state().retention, remade, wait)
-        if self.pins is not None:
-            self.pins.start()  # the floors are set: a pin's taking delivery can be reset to them
+    def _acknowledge(self, committed: Watermark) -> None:
+        """The ack on commit: a group's floors move to ``committed``; without a group there is nothing to move."""
+        if self.group is not None:
+            self.group.acknowledge(committed.seq, self.state().retention)
 
     # -- planning ------------------------------------------------------------------------------
 
@@ -180,7 +132,7 @@ class Coordinator:
         return self.watermark(
             start_after(
                 self.api,
-                self.layout,
+                self.group.layout if self.group is not None else None,
                 self.stream,
                 config.starting_position,
                 config.starting_timestamp,
@@ -215,9 +167,9 @@ class Coordinator:
         check_data_loss(self.stream, start.seq, state.first_seq, state.last_seq, self.config.fail_on_data_loss)
 
     def plan(self, start: Watermark, end: Watermark) -> list[SeqRange] | list[SmallBatch] | list[MemberRange]:
-        """The batch ``(start, end]``'s reads: one per filter subject with messages in it (Direct Get; a batch cut by
-        seq, small or with ``minPartitions``, of a stream that is all the group's reads ``>``), or one per member
-        (pulls); membership changes apply here.
+        """The batch ``(start, end]``'s reads: a range per filter subject of the read's scope with messages in it
+        (Direct Get, or an ephemeral consumer per range; a batch cut by seq, small or with ``minPartitions``, of a
+        stream that is all the read's reads ``>``), or with a group that pulls, one per member.
 
         ``start`` is committed (Spark plans batch N after committing N-1), except in the empty
         range ``partitions(latest, latest)`` that Spark sends on a restart, whose end may belong to
@@ -225,93 +177,45 @@ class Coordinator:
         """
         if end.seq <= start.seq:
             return []
-        layout = self._layout_now()
-        if layout.stream != self.stream:
-            raise GroupConfigError(
-                f"Group {self.config.group!r} now reads stream {layout.stream!r} ({layout.kind}) instead of "
-                f"{self.stream!r}: the checkpoint's offsets belong to the old stream. Start with a new checkpoint."
-            )
-        changed = layout != self.layout
-        if changed and self.members.acked_through is not None:  # membership changes take effect at a batch boundary
-            self.members.change_layout(layout, self.state().retention)
-        else:  # unchanged, or a new run, whose first acknowledge makes the consumers
-            self.members.layout = layout
-        self._acknowledge(start, remade=changed)
-        if self.pins is None:  # the pin keeper checks the member consumers every second and before floors move
-            self.members.check_unchanged()
+        group = self.group
+        scope = group.before_batch(start.seq, self.state().retention, self.stream) if group else self.scope
+        assert scope is not None
         state = self.state(fresh=True)
         self._check_data_loss(start, state)
         fault_point("plan")  # the batch is in the offset log; no task has read it
-        layout = self.layout
-        filters = layout.read_filters
-        if self.direct:
-            template = SeqRange(
-                stream=self.stream,
-                filter="",
-                start=start.seq,
-                end=end.seq,
-                partitioned=layout.partitioned,
-                include_headers=self.config.include_headers,
-                direct_batch=self.config.direct_batch,
-                direct_max_bytes=self.config.direct_max_bytes,
-                record_batch_size=self.config.pull.record_batch_size,
-                record_batch_bytes=self.config.pull.record_batch_bytes,
-            )
-            width = end.seq - start.seq
-            small = width <= ONE_TASK_MESSAGES and width * state.average_size <= template.record_batch_bytes
-            cut_by_seq = self.config.min_partitions is not None or small  # no task per partition: order is by seq
-            if cut_by_seq and reads_whole_stream(self._stream_config, filters):
-                filters = [">"]
-            firsts = first_seqs(self.conn, self.stream, filters, start.seq, end.seq)
-            if self.pins is not None:
-                self.pins.settle(FLOOR_WAIT)
-            ranges = split(template, firsts, filters, width)
-            if self.config.min_partitions is not None:
-                return spread(ranges, self.config.min_partitions)
-            if small and len(ranges) > 1:
-                return [SmallBatch(tuple(ranges))]
-            return ranges
-        return [
-            MemberRange(
-                stream=self.stream,
-                consumer=layout.consumer(member),
-                start=start.seq,
-                end=end.seq,
-                partitioned=layout.partitioned,
-                include_headers=self.config.include_headers,
-            )
-            for member in layout.member_names
-        ]
-
-    def _refuse_min_partitions(self) -> None:
-        """A member consumer is read by one task at a time (its pin fences the others): a pulled batch cannot be cut."""
-        if self.config.min_partitions is None:
-            return
-        why = "readMode=pull" if self.config.read_mode == PULL else "Direct Get is off or denied to the NATS user"
-        raise OptionError(
-            f"minPartitions cannot apply to this query: {why}, so each member consumer of group "
-            f"{self.config.group!r} is one Spark partition, read by one task at a time. Remove minPartitions, or "
-            f"read with Direct Get (readMode=auto or direct; `nats stream edit {self.stream} --allow-direct`)."
+        if group is not None and not self.direct:
+            return group.member_ranges(start.seq, end.seq)
+        config = self.config
+        template = SeqRange(
+            stream=self.stream,
+            filter="",
+            start=start.seq,
+            end=end.seq,
+            partitioned=scope.partitioned,
+            include_headers=config.include_headers,
+            direct_batch=config.direct_batch,
+            direct_max_bytes=config.direct_max_bytes,
+            record_batch_size=config.pull.record_batch_size,
+            record_batch_bytes=config.pull.record_batch_bytes,
+            read_mode=DIRECT if self.direct else PULL,
+            pull_batch=config.pull.batch,
+            pull_max_bytes=config.pull.max_bytes,
         )
-
-    def _warn_crowded_members(self) -> None:
-        """Pulling from a member consumer with several filter subjects is ~6x slower than from one
-        (measured on nats-server 2.15.1): say so once per query, with the fix."""
-        layout = self.layout
-        counts = [(member, len(layout.filter_subjects(member))) for member in layout.member_names]
-        crowded = [(member, count) for member, count in counts if count > 1]
-        if crowded:
-            member, count = crowded[0]
-            log.warning(
-                "Group %r is read by pulling from its member consumers, and member %r (%d partitions%s) reads several "
-                "times slower than a member with one partition. Direct Get (readMode=auto or direct, on a stream with "
-                "`allow_direct`: `nats stream edit %s --allow-direct`) reads every partition in parallel.",
-                layout.group,
-                member,
-                count,
-                f", and {len(crowded) - 1} more members alike" if len(crowded) > 1 else "",
-                self.stream,
-            )
+        filters = list(scope.filters)
+        width = end.seq - start.seq
+        small = width <= ONE_TASK_MESSAGES and width * state.average_size <= template.record_batch_bytes
+        cut_by_seq = config.min_partitions is not None or small  # no task per partition: order is by seq
+        if cut_by_seq and reads_whole_stream(self._stream_config, filters):
+            filters = [">"]
+        firsts = first_seqs(self.conn, self.stream, filters, start.seq, end.seq, leader=not self.direct)
+        if group is not None:
+            group.settle()
+        ranges = split(template, firsts, filters, width)
+        if config.min_partitions is not None:
+            return spread(ranges, config.min_partitions)
+        if small and len(ranges) > 1:
+            return [SmallBatch(tuple(ranges))]
+        return ranges
 
     def commit(self, end: Watermark) -> None:
         """Spark committed the batch ending at ``end``: the ack on commit."""

