@@ -293,15 +293,17 @@ def run_spark(
     spark: SparkSession,
     url: str,
     stream: str,
-    group: str,
+    group: str | None,
     checkpoint: str,
     max_per_trigger: int | None,
     options: dict[str, str] | None = None,
 ) -> SparkRun:
     """One ``availableNow`` query into the noop sink; return its rows, time and batch progress.
 
-    ``options`` are further source options (e.g. ``members``)."""
-    reader = spark.readStream.format("jetstream").option("servers", url).option("stream", stream).option("group", group)
+    ``group`` None reads without a group; ``options`` are further source options (e.g. ``members``)."""
+    reader = spark.readStream.format("jetstream").option("servers", url).option("stream", stream)
+    if group is not None:
+        reader = reader.option("group", group)
     if max_per_trigger:
         reader = reader.option("maxMessagesPerTrigger", str(max_per_trigger))
     for key, value in (options or {}).items():

@@ -8,6 +8,8 @@ Each scenario is one module of ``bench/scenarios/`` that owns its measurement; t
 * ``read``: ``--messages`` on 4 partitions, ``availableNow`` into ``noop``, default and ``ackPolicy=none``,
   against the raw pull loop and the naive nats-py source of ``bench/baseline/``.
 * ``scaling``: the same read with ``members`` 1, 2, 4, 8 on 8 partitions, and the raw pull loop.
+* ``groupless``: a streaming read without a group next to the grouped one on the same stream (with Direct Get, and
+  a stream with a client's defaults): rows/s and the driver's requests per micro-batch, counted by the server.
 * ``latency``: ``--rate`` msg/s for ``--latency-seconds`` read into ``foreachBatch``, publish to sink,
   against the naive source.
 * ``write``: the Spark writer with and without msg ids against the raw pipelined publisher.
@@ -50,6 +52,7 @@ from common import SUBJECTS, WARMUP_STREAM, create_stream, publish, server_versi
 from scenarios import (
     cold_job,
     first_batch,
+    groupless,
     large_messages,
     latency,
     leader_change,
@@ -70,6 +73,7 @@ NAIVE_DIR = Path(__file__).resolve().parent / "baseline"
 RUNNERS: dict[str, Callable[[Suite], None]] = {
     "read": read.run,
     "scaling": scaling.run,
+    "groupless": groupless.run,
     "latency": latency.run,
     "write": write.run,
     "memory": memory.run,
@@ -147,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         with EmbeddedServer(name="bench", store_dir=os.path.join(work, "nats")) as server:
             address = ("127.0.0.1", server.port)
             conn = connect(ConnectionOptions(servers=(server.url,)))
-            suite = Suite(args, server.url, address, conn, work)
+            suite = Suite(args, server.url, address, conn, work, monitor=f"http://127.0.0.1:{server.monitor_port}")
             try:
                 import pyspark
 

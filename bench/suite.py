@@ -96,6 +96,8 @@ class Suite:
     summary: list[Summary] = field(default_factory=list)
     peaks: list[Peaks] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    monitor: str = ""
+    """The server's monitoring endpoint (``http://127.0.0.1:<port>``)."""
 
     @property
     def api(self) -> JetStreamApi:

@@ -313,8 +313,8 @@ def test_a_workqueue_stream_without_direct_get_is_refused_with_the_fix(spark, na
         with pytest.raises(Exception) as caught:
             batch_read(spark, nats_server.url, "WorkNoDirect").count()
         assert (
-            "Stream 'WorkNoDirect' is a WorkQueue stream, which serves each subject to one consumer only, so a batch "
-            "read cannot read it through a consumer of its own: enable Direct Get"
+            "Stream 'WorkNoDirect' is a WorkQueue stream, which serves each subject to one consumer only, so a read "
+            "through consumers of its own cannot read it: enable Direct Get"
         ) in error_text(caught.value)
     finally:
         api.delete_stream("WorkNoDirect")

@@ -4,6 +4,7 @@ subjects is enough. Also the ``subjects`` filter, and every refusal of such a re
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
@@ -126,6 +127,33 @@ def test_a_read_only_user_streams_a_stream_it_does_not_own(spark, team_server, t
 def _widths(offsets: dict[int, int]) -> list[int]:
     seqs = [0, *(offsets[batch] for batch in sorted(offsets))]
     return [high - low for low, high in pairwise(seqs)]
+
+
+def test_the_readme_lists_exactly_these_subjects():
+    security = (Path(__file__).parent.parent / "README.md").read_text().split("## Security", 1)[1].split("\n## ", 1)[0]
+    block = security.split("**A read-only user**", 1)[1].split("```", 2)[1]
+    listed = sorted(set(re.findall(r'"(\$JS\.API\.[^"]+)"', block)))
+    assert listed == sorted(p.format(s="ORDERS") for p in READ_ONLY["direct"])
+    for subject in READ_ONLY["pull"]:
+        assert f"`{subject.format(s='ORDERS')}`" in security
+
+
+def test_a_group_added_to_a_checkpoint_goes_on_from_it(spark, team_server, tmp_path):
+    """The offset is the same with and without a group: a query that adds one on the checkpoint makes the member
+    consumers, moves their floors to the checkpoint and reads on exactly."""
+    admin = _admin(team_server)
+    published = _publish(team_server, "EVENTS", 900, "add-group")
+    first = published[0][0]
+    _available_now(_read(spark, team_server, "admin", "EVENTS", startingPosition=first), tmp_path)
+    published += _publish(team_server, "EVENTS", 300, "add-group-later")
+    try:
+        _available_now(_read(spark, team_server, "admin", "EVENTS", group="added"), tmp_path)
+        assert _rows(spark.read.parquet(str(tmp_path / "out"))) == published
+        floors = {admin.consumer_info("EVENTS", f"added-{p}")["ack_floor"]["stream_seq"] for p in range(4)}
+        assert floors == {published[-1][0]}
+    finally:
+        for p in range(4):
+            admin.delete_consumer("EVENTS", f"added-{p}")
 
 
 def test_two_queries_on_one_stream_are_independent(spark, team_server, tmp_path):

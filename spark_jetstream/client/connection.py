@@ -179,12 +179,16 @@ _connections: dict[ConnectionOptions, Connection] = {}
 _connect_lock = threading.Lock()
 
 
-def _in_spark_worker() -> bool:
-    """Whether this process is one of Spark's pooled Python workers (tasks, data source planning), which outlive
-    the work that made their connections; not a driver, nor the process running a streaming query's reader."""
+def process_role() -> str:
+    """What this process is to Spark: ``task`` for its pooled Python workers (tasks, data source planning), which
+    outlive the work that made their connections; ``query`` for the process running a streaming query's reader (one
+    per query run, on the driver); else ``""`` (a driver, the command line). Connections carry it in their name
+    (``spark-jetstream query``), so the server's connection list tells them apart."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     name = spec.name if spec is not None else ""
-    return name in ("pyspark.daemon", "pyspark.worker") or name.startswith("pyspark.sql.worker.")
+    if name in ("pyspark.daemon", "pyspark.worker") or name.startswith("pyspark.sql.worker."):
+        return "task"
+    return "query" if name == "pyspark.sql.streaming.python_streaming_source_runner" else ""
 
 
 def connect(options: ConnectionOptions) -> Connection:
@@ -199,8 +203,10 @@ def connect(options: ConnectionOptions) -> Connection:
         conn = _connections.get(options)
         if conn is not None and not conn.client.is_closed:
             return conn
-        reconnect_for = 2 * options.api_timeout if _in_spark_worker() else None
-        client = runner.run(open_client(options, reconnect_for), timeout=options.connect_timeout + 5)
+        role = process_role()
+        reconnect_for = 2 * options.api_timeout if role == "task" else None
+        name = f"spark-jetstream {role}".strip()
+        client = runner.run(open_client(options, reconnect_for, name), timeout=options.connect_timeout + 5)
         conn = _connections[options] = Connection(options, client, runner)
         return conn
 

@@ -226,11 +226,13 @@ def explain_failure(errors: list[BaseException], options: ConnectionOptions) -> 
     return f"Connecting to the NATS server at {servers} failed ({what}): check the servers and connection options."
 
 
-async def open_client(options: ConnectionOptions, reconnect_for: float | None = None) -> RawClient:
+async def open_client(
+    options: ConnectionOptions, reconnect_for: float | None = None, name: str = "spark-jetstream"
+) -> RawClient:
     """A connected client for ``options``, or a ``ConnectError`` saying what went wrong: the files are
     checked first, and refused credentials or a server without TLS fail at once instead of at the timeout.
     ``reconnect_for``: seconds of reconnect attempts (each server's, refused at once) before the client closes;
-    None: for ever."""
+    None: for ever. ``name``: the client's name in the server's connection list."""
     _check_credential_files(options)
     tls = _tls_context(options)
     errors: list[BaseException] = []
@@ -245,7 +247,7 @@ async def open_client(options: ConnectionOptions, reconnect_for: float | None = 
     client = RawClient(require_tls=options.wants_tls)
     kwargs: dict[str, Any] = dict(
         servers=list(options.servers),
-        name="spark-jetstream",
+        name=name,
         connect_timeout=max(0.1, min(options.connect_timeout, 2.0)),
         allow_reconnect=True,
         max_reconnect_attempts=-1 if reconnect_for is None else max(1, math.ceil(reconnect_for / RECONNECT_WAIT)),
