@@ -8,6 +8,7 @@ import time
 from datetime import UTC, datetime
 
 import pytest
+from helpers import wait_for
 
 from spark_jetstream.client.connection import connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
@@ -77,8 +78,12 @@ def test_limits_and_plans(nats_server, api, make_stream, coordinators):
     (small,) = coordinator.plan(Watermark(stream.name, 990), Watermark(stream.name, 1000))  # one task, in seq order
     assert (small.filter, small.start, small.end) == (">", 990, 1000)
     coordinator.commit(Watermark(stream.name, 1000))
-    floors = {api.consumer_info(stream.name, stream.consumer(p))["ack_floor"]["stream_seq"] for p in range(8)}
-    assert floors == {1000}
+
+    def floors() -> set[int]:
+        return {api.consumer_info(stream.name, stream.consumer(p))["ack_floor"]["stream_seq"] for p in range(8)}
+
+    # Each floor moves in a task of its own, which the commit waits for at most FLOOR_WAIT (decision 0002).
+    wait_for(lambda: floors() == {1000}, 5, lambda: f"every floor at 1000, not {floors()}")
 
 
 def test_a_small_batch_is_one_task_and_a_larger_one_a_task_per_partition(nats_server, api, make_stream, coordinators):

@@ -6,7 +6,7 @@ python tests/jobs/compat_job.py --servers URL --stream S --group-prefix G --max 
 - ``capped``: a streaming read with ``maxMessagesPerTrigger=M`` into parquet, stopped after two
   batches and restarted from its checkpoint until all ``--count`` rows are read (group ``G-capped``).
 - ``available_now`` and ``available_now_capped``: ``trigger(availableNow=True)`` without and with
-  the cap (groups ``G-now`` and ``G-nowcap``).
+  the cap (groups ``G-now`` and ``G-nowcap``); ``groupless``: the same without a group.
 - ``batch``: a bounded ``spark.read`` of seqs ``(10, 110]``.
 - ``write``: the stream copied into ``PREFIX.<token>`` subjects with its headers by a streaming
   jetstream -> jetstream query (``availableNow``), run twice on one checkpoint (group ``G-copy``).
@@ -32,13 +32,10 @@ def main() -> None:
     args = parser.parse_args()
     spark = local_session()
 
-    def source(group: str, **options: object):
-        reader = (
-            spark.readStream.format("jetstream")
-            .option("servers", args.servers)
-            .option("stream", args.stream)
-            .option("group", f"{args.group_prefix}-{group}")
-        )
+    def source(group: str | None, **options: object):
+        reader = spark.readStream.format("jetstream").option("servers", args.servers).option("stream", args.stream)
+        if group is not None:
+            reader = reader.option("group", f"{args.group_prefix}-{group}")
         return reader.options(**{k: str(v) for k, v in options.items()}).load()
 
     def to_parquet(name: str, df, trigger: dict):
@@ -76,6 +73,7 @@ def main() -> None:
     for name, group, options in (
         ("available_now", "now", {}),
         ("available_now_capped", "nowcap", {"maxMessagesPerTrigger": args.max}),
+        ("groupless", None, {}),
     ):
         query = to_parquet(name, source(group, **options), {"availableNow": True})
         query.awaitTermination(120)
