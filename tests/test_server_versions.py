@@ -9,18 +9,22 @@ replayed, and a group read (on 2.14.5+) or its refusal (before).
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from helpers import ack_floors, checkpoint_log, error_text, server_binary, start_and_expect, stored
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 
 from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
-from spark_jetstream.client.features import ANY_USE, require
+from spark_jetstream.client.features import ANY_USE, BATCHED_DIRECT_GET, GROUPS, require
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.errors import ServerTooOldError
-from spark_jetstream.groups.layout import partitioned_stream_config
+from spark_jetstream.groups.layout import member_consumer_config, partitioned_stream_config
 from spark_jetstream.read.mode import DIRECT, PULL, choose_read_mode
 from spark_jetstream.tools.embedded import EmbeddedServer
 
@@ -92,6 +96,43 @@ def test_a_server_older_than_2_10_is_refused_with_its_version():
         "The NATS server at h:4222 runs version 2.9.25, but spark-jetstream requires nats-server 2.10 or newer: "
         "upgrade the server."
     )
+
+
+def test_what_each_release_answers_is_what_features_says(versioned_server):
+    """Decision 0019's table, asked of the server itself: a batched Direct Get, a pinned consumer, UNPIN and RESET."""
+    version, server = versioned_server
+    api = _api(server)
+    client = api.conn.client
+
+    async def ask() -> tuple[list[str], str | None, bool, bool]:
+        inbox = client.new_inbox()
+        sub = await client.subscribe(inbox)
+        request = {"seq": 1, "next_by_subj": ">", "batch": 3}
+        await client.publish("$JS.API.DIRECT.GET.PART", json.dumps(request).encode(), reply=inbox)
+        replies = []
+        with contextlib.suppress(NatsTimeoutError):
+            while True:
+                msg = await sub.next_msg(timeout=1)
+                replies.append((msg.headers or {}).get("Status") or (msg.headers or {}).get("Nats-Sequence"))
+        await sub.unsubscribe()
+        config = member_consumer_config("probe", "0", [">"])  # a pinned_client consumer, as a group's
+
+        made = await api.create_consumer_async("PART", config)
+        answered = []
+        for verb, body in (("UNPIN", {"group": "PCG"}), ("RESET", {"seq": 1})):
+            try:
+                await client.request(f"$JS.API.CONSUMER.{verb}.PART.probe-0", json.dumps(body).encode(), timeout=2)
+                answered.append(True)
+            except (NoRespondersError, NatsTimeoutError):
+                answered.append(False)
+        await api.delete_consumer_async("PART", "probe-0")
+        return replies, made["config"].get("priority_policy"), *answered
+
+    replies, policy, unpins, resets = api.conn.run(ask())
+    found = _version(version)
+    assert replies == (["1", "2", "3", "204"] if api.conn.supports(BATCHED_DIRECT_GET) else ["1"])
+    assert (policy == "pinned_client", unpins, resets) == (found >= (2, 11), found >= (2, 11), found >= (2, 14))
+    assert api.conn.supports(GROUPS) == (found >= (2, 14, 5))
 
 
 def test_streaming_without_a_group_reads_exactly_and_restarts(spark, versioned_server, tmp_path):
