@@ -8,6 +8,9 @@ on its store ``DOWN`` s later:
 
 * ``none``: no fault, the baseline (a 1 s trigger commits new rows within about a trigger);
 * ``stream leader``: SIGKILL of the stream's leader;
+* ``stream leader, catching up``: the same while the query still reads a burst of ``BURST`` messages published
+  ``CATCH_UP`` s before (at ``MAX_PER_TRIGGER`` a trigger it is about 14,000 behind when the leader dies: a pipeline
+  started on a stream that holds 20,000 messages, as the issue's was);
 * ``consumer leader``: SIGKILL of the leader of member consumer ``g-0`` (moved off the stream and
   meta leaders first, so the fault is the consumer's alone);
 * ``meta leader``: SIGTERM of the JetStream meta leader.
@@ -35,6 +38,7 @@ from suite import Suite, Summary, start_session
 
 from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.client.publish import publish_all
 from spark_jetstream.groups.layout import partitioned_stream_config
 from spark_jetstream.tools.cluster_faults import (
     Publisher,
@@ -62,7 +66,11 @@ SETTLE = 10.0
 """Seconds of steady state before each fault."""
 NEW_ROWS_WAIT = 90.0
 """Seconds to wait for a batch with new rows after a fault before calling it stalled for good."""
-FAULTS = ("none", "stream leader", "consumer leader", "meta leader")
+BURST = 20_000
+"""Messages published at once before ``stream leader, catching up``."""
+CATCH_UP = 4.0
+"""Seconds from the burst to ``stream leader, catching up``'s fault."""
+FAULTS = ("none", "stream leader", "stream leader, catching up", "consumer leader", "meta leader")
 TARGET = 5.0
 """New rows committed within this many seconds of the stream taking writes again."""
 
@@ -77,6 +85,8 @@ class Result:
     new_rows: float | None
     gap: float
     failed: str
+    behind: int = 0
+    """Messages stored but not yet committed by the query when the fault came."""
 
     @property
     def recovery(self) -> float | None:
@@ -133,8 +143,14 @@ def measure(suite: Suite, rounds: int) -> tuple[list[Result], int, int]:
         for fault in [f for _ in range(rounds) for f in FAULTS]:
             if not wait_healthy(api, STREAM, consumers):
                 print("  warning: the cluster did not become healthy again")
-            time.sleep(SETTLE)
-            injected = inject_fault(fault, api, cluster, STREAM, consumers, publisher, DOWN, NEW_ROWS_WAIT)
+            catching_up = fault.endswith("catching up")
+            if catching_up:
+                time.sleep(SETTLE)
+                publish_all(api.conn, ((f"{STREAM.lower()}.b{i % 211}", b"x" * 100, None) for i in range(BURST)))
+            time.sleep(CATCH_UP if catching_up else SETTLE)
+            behind = publisher.last_seq - (commits(checkpoint)[-1][1] if commits(checkpoint) else 0)
+            kind = fault.split(",")[0]
+            injected = inject_fault(kind, api, cluster, STREAM, consumers, publisher, DOWN, NEW_ROWS_WAIT)
             at = injected.at
             new_rows, writable, failed = None, None, "no"
             deadline = at + NEW_ROWS_WAIT
@@ -153,7 +169,9 @@ def measure(suite: Suite, rounds: int) -> tuple[list[Result], int, int]:
                 injected.watcher.join(NEW_ROWS_WAIT)
             gap = longest_commit_gap([t for t, _ in commits(checkpoint)], at, at + (new_rows or NEW_ROWS_WAIT))
             results.append(
-                Result(fault, injected.victim_name, injected.led, injected.elected, writable, new_rows, gap, failed)
+                Result(
+                    fault, injected.victim_name, injected.led, injected.elected, writable, new_rows, gap, failed, behind
+                )
             )
             print(f"  {fault}: {results[-1]}", flush=True)
         query.stop()
@@ -172,12 +190,12 @@ def print_results(results: list[Result]) -> None:
         return "-" if value is None else f"{value:.1f}"
 
     print(
-        f"  {'fault':<17}{'victim':<8}{'it led':<22}{'elected s':>10}{'writable s':>11}{'new rows s':>11}"
-        f"{'recovery s':>11}{'no commit s':>12}  query failed"
+        f"  {'fault':<28}{'behind':>7} {'victim':<8}{'it led':<22}{'elected s':>10}{'writable s':>11}"
+        f"{'new rows s':>11}{'recovery s':>11}{'no commit s':>12}  query failed"
     )
     for r in results:
         timings = f"{secs(r.elected):>10}{secs(r.writable):>11}{secs(r.new_rows):>11}{secs(r.recovery):>11}"
-        print(f"  {r.fault:<17}{r.victim:<8}{r.led:<22}{timings}{r.gap:>12.1f}  {r.failed}")
+        print(f"  {r.fault:<28}{r.behind:>7,} {r.victim:<8}{r.led:<22}{timings}{r.gap:>12.1f}  {r.failed}")
 
 
 def run(suite: Suite) -> None:
