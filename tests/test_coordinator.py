@@ -170,3 +170,33 @@ def test_a_user_without_the_owner_subject_is_refused_not_taken_for_a_free_group(
                 Coordinator(SourceConfig.parse({**options, "stream": "Perm", "group": "g"}))
         finally:
             disconnect(parse_connection_options(options))
+
+
+@pytest.mark.slow
+def test_a_stream_that_does_not_answer_is_planned_on_from_the_last_state_read():
+    """Stream info needs the stream's leader. While nobody answers it (an election takes 4-9 s after a leader's
+    server died), planning goes on up to the last seq read, which the replicas hold, and takes the next answer as
+    soon as the stream answers again."""
+    server = EmbeddedServer(name="quiet").start()
+    options = parse_connection_options({"servers": server.url})
+    coordinator = None
+    try:
+        api = JetStreamApi(connect(options))
+        api.create_stream({"name": "Quiet", "subjects": ["quiet.>"], "allow_direct": True})
+        publish_all(api.conn, ((f"quiet.{i}", b"x", None) for i in range(50)))
+        coordinator = Coordinator(SourceConfig.parse({"servers": server.url, "stream": "Quiet"}))
+        start = Watermark("Quiet", 0, coordinator.created)
+        assert coordinator.latest(start, Limits()).seq == 50
+        server.stop()  # its store stays: it comes back as it was
+        began = time.monotonic()
+        assert coordinator.latest(start, Limits()).seq == 50  # unanswered: the last state read
+        assert coordinator.state(fresh=True).last_seq == 50  # just asked: not again yet
+        assert time.monotonic() - began < 2, "planning waited for the stream instead of going on"
+        server.start()
+        publish_all(api.conn, ((f"quiet.{i}", b"x", None) for i in range(10)))
+        wait_for(lambda: coordinator.latest(start, Limits()).seq == 60, 10, "the stream's new state")
+    finally:
+        if coordinator is not None:
+            coordinator.close()
+        disconnect(options)
+        server.close()

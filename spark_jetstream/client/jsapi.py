@@ -226,8 +226,11 @@ class JetStreamApi:
 
     def stream_info(self, stream: str, deleted_details: bool = False) -> dict[str, Any]:
         """Stream info; with ``deleted_details`` its state lists the removed seqs above ``first_seq``."""
+        return self.conn.run(self.stream_info_async(stream, deleted_details))
+
+    async def stream_info_async(self, stream: str, deleted_details: bool = False) -> dict[str, Any]:
         body = {"deleted_details": True} if deleted_details else None
-        return self.call(("STREAM", "INFO", stream), body, f"Stream {stream!r}", stream)
+        return await self.call_async(("STREAM", "INFO", stream), body, f"Stream {stream!r}", stream)
 
     def stream_names(self) -> list[str]:
         names: list[str] = []

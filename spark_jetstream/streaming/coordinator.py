@@ -35,6 +35,13 @@ log = logging.getLogger(__name__)
 
 STREAM_INFO_INTERVAL = 0.1
 """Seconds between stream-info calls while Spark polls an idle stream (it asks every 10 ms)."""
+STREAM_INFO_WAIT = 0.5
+"""Seconds a stream-info call may take before planning goes on with the last stream state read: stream info needs
+the stream's leader, and a new one takes 4-9 s to elect after its server died, while what is stored up to the last
+seq read can still be read from the replicas (Direct Get, or a consumer on any of them)."""
+STREAM_INFO_RETRY = 0.75
+"""Seconds after a stream-info call went unanswered during which planning asks no more and uses the last state read:
+``latestOffset`` asks once a trigger, and the batch it plans goes on without asking again."""
 ONE_TASK_MESSAGES = 4096
 """A micro-batch of at most this many messages (and at most one record batch's bytes, estimated) is read by one task
 (one ``>`` range on a stream that is all the read's, else a ``SmallBatch``): at 5,000 msg/s, 4 tasks per batch made
@@ -67,6 +74,7 @@ class Coordinator:
         source_info = self.api.stream_info(config.stream)  # fails fast on a missing stream
         self._state: StreamState | None = None
         self._state_at = 0.0
+        self._unanswered: tuple[float, float] | None = None  # stream info unanswered since, and last given up at
         self._available_now_cap: int | None = None
         self._last_batch_at = time.monotonic()
         self.scope: ReadScope | None = None  # a read without a group: fixed for the run
@@ -94,9 +102,34 @@ class Coordinator:
     # -- stream --------------------------------------------------------------------------------
 
     def state(self, fresh: bool = False) -> StreamState:
-        """Stream info, at most every ``STREAM_INFO_INTERVAL`` unless ``fresh``."""
-        if fresh or self._state is None or time.monotonic() - self._state_at >= STREAM_INFO_INTERVAL:
+        """Stream info, at most every ``STREAM_INFO_INTERVAL`` unless ``fresh``.
+
+        Once the query has a state, a call unanswered within ``STREAM_INFO_WAIT`` (the stream's leader is being
+        elected) gives the last state read, and so does every call for ``STREAM_INFO_RETRY`` after it: batches go on
+        up to its last seq, which the replicas hold. An outage longer than the API deadline is waited out with the
+        retry layer, which then says what was happening, as before."""
+        now = time.monotonic()
+        if self._state is not None and not fresh and now - self._state_at < STREAM_INFO_INTERVAL:
+            return self._state
+        since, asked = self._unanswered or (now, 0.0)
+        if self._state is None or now - since >= self.conn.api_timeout:
             self._take_state(self.api.stream_info(self.stream))
+        elif now - asked < STREAM_INFO_RETRY:
+            return self._state
+        else:
+            try:
+                self._take_state(self.conn.run(self.api.stream_info_async(self.stream), timeout=STREAM_INFO_WAIT))
+            except TimeoutError:
+                if self._unanswered is None:
+                    log.info(
+                        "Stream %r does not answer (its leader is being elected?): reading on up to seq %d, the last "
+                        "one it reported",
+                        self.stream,
+                        self._state.last_seq,
+                    )
+                self._unanswered = (since, time.monotonic())
+                return self._state
+        self._unanswered = None
         assert self._state is not None
         return self._state
 
@@ -114,10 +147,11 @@ class Coordinator:
         self.created = info.get("created", "")
         self._state_at = time.monotonic()
 
-    def _acknowledge(self, committed: Watermark) -> None:
-        """The ack on commit: a group's floors move to ``committed``; without a group there is nothing to move."""
+    def _acknowledge(self, committed: Watermark, settle: bool = False) -> None:
+        """The ack on commit: a group's floors move to ``committed`` (``settle``: wait until every floor moved);
+        without a group there is nothing to move."""
         if self.group is not None:
-            self.group.acknowledge(committed.seq, self.state().retention)
+            self.group.acknowledge(committed.seq, self.state().retention, settle=settle)
 
     # -- planning ------------------------------------------------------------------------------
 
@@ -148,7 +182,9 @@ class Coordinator:
         """The end of the next batch after ``start`` (``start`` itself: no batch now)."""
         if start.seq > 0:
             fault_point("latest")  # the sink committed the last batch; the source has not acked it yet
-        self._acknowledge(start)  # `start` is in the commit log: the catch-up on an idle stream
+        # `start` is in the commit log: the catch-up on an idle stream. At the end of an availableNow run (Spark asks
+        # once more after its last batch, then stops the process) every floor is waited for: none lags behind.
+        self._acknowledge(start, settle=self._available_now_cap is not None and start.seq >= self._available_now_cap)
         state = self.state()
         self._check_data_loss(start, state)
         now = time.monotonic()

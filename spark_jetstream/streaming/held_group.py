@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from spark_jetstream.client.jsapi import JetStreamApi
@@ -31,6 +32,8 @@ FLOOR_WAIT = 0.5
 """Seconds a Direct Get query waits for its member consumers' floors before the next batch goes on without them."""
 LAYOUT_WAIT = 1.0
 """Seconds planning waits for the group's config before the batch keeps the last batch's layout."""
+LAYOUT_RETRY = 5.0
+"""Seconds after an unanswered look at the group's config during which batches keep the layout without looking."""
 
 
 class HeldGroup:
@@ -50,6 +53,7 @@ class HeldGroup:
             api, layout, config.ack_wait, config.ack_policy, self.owner, config.priority_timeout
         )
         self.direct = False
+        self._layout_unanswered = float("-inf")  # when the group's config last went unanswered
 
     @property
     def layout(self) -> GroupLayout:
@@ -83,17 +87,20 @@ class HeldGroup:
 
     # -- batches -------------------------------------------------------------------------------
 
-    def acknowledge(self, committed: int, retention: str, remade: bool = False) -> None:
+    def acknowledge(self, committed: int, retention: str, remade: bool = False, settle: bool = False) -> None:
         """Move the floors to ``committed`` (``MemberConsumers.acknowledge``); fail first if another client is on a
         member consumer.
 
         On the Direct Get path the next batch waits at most ``FLOOR_WAIT`` for them: nothing of its reads needs
         a member consumer, and one whose leader is being elected (4-9 s after its server crashed) would hold up
-        the query for the whole election. Pulls need their consumers: there the floors are always waited for.
+        the query for the whole election. Pulls need their consumers: there the floors are always waited for, and
+        so they are with ``settle`` (no batch follows: the process may end next).
         """
         if self.pins is not None:
             self.pins.raise_error()
-        self.members.acknowledge(committed, retention, remade, FLOOR_WAIT if self.direct else None)
+        self.members.acknowledge(committed, retention, remade, FLOOR_WAIT if self.direct and not settle else None)
+        if settle:
+            self.members.settle(retention)
         if self.pins is not None:
             self.pins.start()  # the floors are set: a pin's taking delivery can be reset to them
 
@@ -140,13 +147,16 @@ class HeldGroup:
         """The layout for the next batch. When the group's config cannot be read within ``LAYOUT_WAIT`` (without a
         config bucket, telling a missing bucket from an election needs the meta leader, and one killed takes 4-9 s
         to replace), the last batch's layout: the change then takes effect at a later boundary, and the query does
-        not stall meanwhile."""
+        not stall meanwhile; for ``LAYOUT_RETRY`` after such a look the layout is kept without looking."""
         config = self.config
+        if time.monotonic() - self._layout_unanswered < LAYOUT_RETRY:
+            return self.layout  # still an election: one batch a second would each wait LAYOUT_WAIT
         lookup = asyncio.wait_for(find_group_async(self.api, self.source_config["name"], self.name), LAYOUT_WAIT)
         try:
             found = self.api.conn.run(lookup)
         except TimeoutError:
             log.info("Group %r's config could not be read in %gs: keeping its layout", self.name, LAYOUT_WAIT)
+            self._layout_unanswered = time.monotonic()
             return self.layout
         return layout_of(self.api, self.source_config, self.name, config.members, found, create_work_stream=True)
 

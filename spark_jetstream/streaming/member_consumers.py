@@ -239,6 +239,10 @@ class MemberConsumers:
         elif remade or committed > self.acked_through:
             self._move_floors(committed, retention, None if remade else wait, everyone=remade)
 
+    def settle(self, retention: str) -> None:
+        """Wait until every floor move at work is done (each ends within the API deadline: moved, or an error)."""
+        self._wait(self.layout.member_names, retention, None)
+
     def _move_floors(self, seq: int, retention: str, wait: float | None, everyone: bool = False) -> None:
         """Move every member consumer's ack floor to ``seq`` (``everyone``: also those already there).
 
@@ -255,10 +259,12 @@ class MemberConsumers:
         self._wait(members[1:], retention, wait)
 
     def _wait(self, members: list[str], retention: str, wait: float | None) -> None:
-        """Start the floor movers of ``members`` (or join those at work) and wait up to ``wait`` seconds for them."""
+        """Start the floor movers of ``members`` and wait up to ``wait`` seconds for them (None: until they are done,
+        with those still at work from an earlier call). A mover still at work from an earlier call is not waited for
+        again: its consumer has had no leader for at least ``wait``, and it moves the floor once it has one."""
 
         async def moved() -> None:
-            movers = [self._mover(member, retention) for member in members]
+            movers = [task for member in members if (task := self._mover(member, retention, wait is None))]
             if movers:
                 await asyncio.wait(movers, timeout=wait)
 
@@ -266,11 +272,12 @@ class MemberConsumers:
         if self.error is not None:
             raise self.error
 
-    def _mover(self, member: str, retention: str) -> asyncio.Task[None]:
-        """The task moving ``member``'s floor to ``acked_through`` (loop thread): the running one, or a new one."""
+    def _mover(self, member: str, retention: str, join: bool = True) -> asyncio.Task[None] | None:
+        """The task moving ``member``'s floor to ``acked_through`` (loop thread): a new one, or the one at work (it
+        moves on to the new target when done), which ``join`` returns and otherwise None."""
         consumer = self.layout.consumer(member)
         if (running := self._movers.get(consumer)) is not None:
-            return running
+            return running if join else None
 
         async def move() -> None:
             try:
