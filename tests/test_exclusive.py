@@ -52,12 +52,18 @@ def foreign_client(url: str, stream, consumer: str, seconds: float, *extra: str)
     return subprocess.Popen([*args, "--seconds", str(seconds), *extra], stdout=subprocess.PIPE, text=True)
 
 
-@pytest.mark.parametrize("read_mode", ["auto", "pull"])
+@pytest.mark.parametrize(
+    ("read_mode", "options"),
+    [("auto", {}), ("pull", {}), ("pull", {"minPartitions": 4})],
+    ids=["direct", "pull", "pull-slices"],
+)
 def test_a_standby_on_a_member_consumer_gets_nothing_while_the_query_reads_new_data(
-    read_mode, spark, nats_server, conn, api, make_stream, tmp_path
+    read_mode, options, spark, nats_server, conn, api, make_stream, tmp_path
 ):
+    """Direct Get and slices through consumers of the tasks' own: the driver holds the pins; pulled members: the
+    tasks do."""
     stream = make_stream(2000, partitions=2)
-    query = start_query(spark, nats_server.url, stream, tmp_path, read_mode)
+    query = start_query(spark, nats_server.url, stream, tmp_path, read_mode, **options)
     try:
         wait_for(lambda: committed_seq(tmp_path / "cp") >= 1000, 120, "the first batches")
         standby = foreign_client(nats_server.url, stream, stream.consumer(0), 15)

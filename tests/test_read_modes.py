@@ -134,16 +134,6 @@ def test_streaming_read_mode_direct_without_direct_get_is_refused_at_start(spark
     )
 
 
-def test_min_partitions_with_pulls_is_refused_at_start(spark, nats_server, make_stream, tmp_path):
-    stream = make_stream(100, partitions=2)
-    start_and_expect(
-        reader(spark, nats_server.url, stream, readMode="pull", minPartitions=8),
-        tmp_path,
-        f"minPartitions cannot apply to this query: readMode=pull, so each member consumer of group {stream.group!r} "
-        "is one Spark partition, read by one task at a time.",
-    )
-
-
 def _splits(folder: Path) -> dict[int, list[dict[str, list[int]]]]:
     """Batch id -> each recorded split of it ({task: [first seq, last seq, rows]}), in the order they were written."""
     found: dict[int, list[tuple[float, dict[str, list[int]]]]] = {}
@@ -152,13 +142,16 @@ def _splits(folder: Path) -> dict[int, list[dict[str, list[int]]]]:
     return {batch: [split for _, split in sorted(records)] for batch, records in found.items()}
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "through-consumers"])
 def test_min_partitions_cuts_every_micro_batch_and_a_replay_after_a_crash_alike(
-    spark, nats_server, conn, api, tmp_path
+    spark, nats_server, conn, api, tmp_path, direct
 ):
     """A stream without a partition transform (one member) read with ``minPartitions=8``: every batch of 4,000
     seqs is read by 8 tasks of contiguous slices, the output is exact, and the batch whose driver was SIGKILLed
-    before its commit is cut exactly as before when the restarted query replays it."""
-    api.create_stream({"name": "SplitReplay", "subjects": ["split.>"], "allow_direct": True})
+    before its commit is cut exactly as before when the restarted query replays it. Without Direct Get the slices
+    are read through consumers of the tasks' own: the member consumer delivers nothing (the pin's one message
+    aside) and keeps the floor, and no consumer of a task is left."""
+    api.create_stream({"name": "SplitReplay", "subjects": ["split.>"], "allow_direct": direct})
     try:
         publish_all(conn, ((f"split.{i % 9}", f"m{i}".encode(), None) for i in range(12_000)))
         splits, checkpoint = tmp_path / "splits", tmp_path / "cp"
@@ -182,6 +175,9 @@ def test_min_partitions_cuts_every_micro_batch_and_a_replay_after_a_crash_alike(
         out = spark.read.parquet(str(tmp_path / "out"))
         rows = sorted((r.seq, r.subject, bytes(r.data)) for r in out.collect())
         assert rows == [(i + 1, f"split.{i % 9}", f"m{i}".encode()) for i in range(12_000)]
-        assert api.consumer_info("SplitReplay", "split-0")["ack_floor"]["stream_seq"] == 12_000
+        member = api.consumer_info("SplitReplay", "split-0")
+        assert member["ack_floor"]["stream_seq"] == 12_000
+        assert member["delivered"]["consumer_seq"] <= 1  # reset to the floor after the pin's taking delivery
+        assert api.consumer_names("SplitReplay") == ["split-0"]
     finally:
         api.delete_stream("SplitReplay")

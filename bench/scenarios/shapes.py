@@ -8,8 +8,8 @@ loops on the same data and against what Spark itself moves from a Python source.
   under ``ev.>``, as a client's ``StreamConfig(name, subjects)`` makes them.
 
 Each shape is read with ``trigger(availableNow=True)`` into ``noop`` and as a bounded batch read (``count``),
-by default, with ``readMode=pull`` and with ``minPartitions=8`` (streaming only where Direct Get reads: a
-member consumer is read by one task). The references, in the same run on the same data:
+by default, with ``readMode=pull`` and with ``minPartitions=8`` (without Direct Get: slices through consumers of
+the tasks' own). The references, in the same run on the same data:
 
 * ``raw Direct Get``: ``raw_direct`` reading the shape's partition filters in 2 processes (Direct Get shapes): the
   reference of streaming reads; reading ``>`` in one process: of batch reads, one task reading ``>`` here; and
@@ -129,12 +129,11 @@ def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]
     timed: dict[str, tuple[float, Cpu, dict[str, float] | None]] = {}
     for mode, extra in MODES.items():
         slug = f"shape{index}-{mode.split('=')[0].lower()}"
-        if shape.direct or mode != "minPartitions=8":  # pulling, a member consumer is read by one task
-            timed[f"streaming {mode}"] = _best(
-                suite,
-                f"{shape.name}: streaming {mode}",
-                lambda r, o=extra, g=slug: _streaming(suite, "jetstream", {**options, **o}, f"{g}-{r}"),
-            )
+        timed[f"streaming {mode}"] = _best(
+            suite,
+            f"{shape.name}: streaming {mode}",
+            lambda r, o=extra, g=slug: _streaming(suite, "jetstream", {**options, **o}, f"{g}-{r}"),
+        )
         timed[f"batch {mode}"] = _best(
             suite, f"{shape.name}: batch {mode}", lambda r, o=extra: _batch(suite, "jetstream", {**options, **o})
         )

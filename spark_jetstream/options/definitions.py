@@ -315,8 +315,9 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "At least this many Spark partitions per micro-batch (as Kafka's `minPartitions`): the widest seq ranges "
         "are cut into contiguous slices, each read in seq order, so one partition's messages may then be read "
-        "by several tasks at once. The same batch is always cut the same way. Refused when a query with `group` "
-        "pulls (`readMode=pull`, or `auto` without Direct Get): a member consumer is read by one task.",
+        "by several tasks at once. The same batch is always cut the same way. Without Direct Get the slices are "
+        "read through consumers of the tasks' own; a group's member consumers then keep the floors and the pins, "
+        "but deliver nothing.",
         READ,
         "read",
         batch_doc="At least this many Spark partitions (as Kafka's `minPartitions`): the widest seq ranges are cut "

@@ -2,9 +2,10 @@
 
 A query with a group holds it for its life: membership changes take effect at batch boundaries, every ack goes
 through ``MemberConsumers.acknowledge`` (between batches each member's ack floor equals the last offset in Spark's
-commit log), the pins keep other clients out (``pins.PinKeeper`` on the Direct Get path, the tasks' pulls
-otherwise) and ``ownership.GroupClaim`` refuses a second query. A query without a group has none of this: its
-position lives in Spark's checkpoint alone (``coordinator``).
+commit log), the pins keep other clients out (``pins.PinKeeper`` when the tasks read ranges, with Direct Get or
+through consumers of their own; the tasks' pulls when they pull from the member consumers) and
+``ownership.GroupClaim`` refuses a second query. A query without a group has none of this: its position lives in
+Spark's checkpoint alone (``coordinator``).
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ import time
 from typing import Any
 
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.errors import GroupConfigError, OptionError
+from spark_jetstream.errors import GroupConfigError
 from spark_jetstream.groups.layout import GroupLayout
 from spark_jetstream.groups.resolve import find_group_async, layout_of, resolve_layout
-from spark_jetstream.read.mode import PULL
 from spark_jetstream.read.ranges import MemberRange
 from spark_jetstream.read.scope import ReadScope, group_scope
 from spark_jetstream.streaming.config import SourceConfig
@@ -65,18 +65,23 @@ class HeldGroup:
         return self.layout.stream
 
     def hold(self, direct: bool, retention: str) -> None:
-        """Check what the read mode needs of the group, start keeping the pins (Direct Get) and claim the group,
-        last: a refused query holds nothing."""
+        """Check what the read mode needs of the group, start keeping the pins (unless the tasks pull from the member
+        consumers) and claim the group, last: a refused query holds nothing."""
         config = self.config
         check_ack_policy(config.ack_policy, retention, self.layout)
         self.direct = direct
-        if direct:
-            self.pins = PinKeeper(self.members)  # nothing of the query pulls: it keeps the pins itself
-        else:
-            self._refuse_min_partitions()
+        if self.members_pulled:
             self._warn_crowded_members()
+        else:
+            self.pins = PinKeeper(self.members)  # nothing of the query pulls from them: it keeps the pins itself
         self._claim = GroupClaim(self.api.conn, self.source_config["name"], self.name, self.owner)
         self._claim.claim()
+
+    @property
+    def members_pulled(self) -> bool:
+        """Whether the tasks pull from the member consumers (one task a member, pinned by the tasks): the pull mode
+        without ``minPartitions``; with it, or with Direct Get, the tasks read ranges and the driver keeps the pins."""
+        return not self.direct and self.config.min_partitions is None
 
     def close(self) -> None:
         """Give up the pins and the claim (safe on a half-held group, and twice)."""
@@ -91,14 +96,16 @@ class HeldGroup:
         """Move the floors to ``committed`` (``MemberConsumers.acknowledge``); fail first if another client is on a
         member consumer.
 
-        On the Direct Get path the next batch waits at most ``FLOOR_WAIT`` for them: nothing of its reads needs
-        a member consumer, and one whose leader is being elected (4-9 s after its server crashed) would hold up
-        the query for the whole election. Pulls need their consumers: there the floors are always waited for, and
-        so they are with ``settle`` (no batch follows: the process may end next).
+        When the tasks read ranges (Direct Get, or slices through consumers of their own) the next batch waits at most
+        ``FLOOR_WAIT`` for them: nothing of its reads needs a member consumer, and one whose leader is being elected
+        (4-9 s after its server crashed) would hold up the query for the whole election. Pulls from the member
+        consumers need them: there the floors are always waited for, and so they are with ``settle`` (no batch
+        follows: the process may end next).
         """
         if self.pins is not None:
             self.pins.raise_error()
-        self.members.acknowledge(committed, retention, remade, FLOOR_WAIT if self.direct and not settle else None)
+        wait = None if self.members_pulled or settle else FLOOR_WAIT
+        self.members.acknowledge(committed, retention, remade, wait)
         if settle:
             self.members.settle(retention)
         if self.pins is not None:
@@ -159,17 +166,6 @@ class HeldGroup:
             self._layout_unanswered = time.monotonic()
             return self.layout
         return layout_of(self.api, self.source_config, self.name, config.members, found, create_work_stream=True)
-
-    def _refuse_min_partitions(self) -> None:
-        """A member consumer is read by one task at a time (its pin fences the others): a pulled batch cannot be cut."""
-        if self.config.min_partitions is None:
-            return
-        why = "readMode=pull" if self.config.read_mode == PULL else "Direct Get is off or denied to the NATS user"
-        raise OptionError(
-            f"minPartitions cannot apply to this query: {why}, so each member consumer of group "
-            f"{self.name!r} is one Spark partition, read by one task at a time. Remove minPartitions, or "
-            f"read with Direct Get (readMode=auto or direct; `nats stream edit {self.stream} --allow-direct`)."
-        )
 
     def _warn_crowded_members(self) -> None:
         """Pulling from a member consumer with several filter subjects is ~6x slower than from one
