@@ -32,7 +32,7 @@ def test_demo_against_an_existing_server_then_status_of_the_derived_group(nats_s
     try:
         assert done.returncode == 0, done.stdout + done.stderr
         assert "nats-server at" not in done.stdout  # no embedded server was started
-        assert sorted(api.consumer_names("demo_kept")) == ["demo-0", "demo-1"]  # the read-only pass's are gone
+        assert sorted(api.consumer_names("demo_kept")) == ["demo-0", "demo-1"]  # the read-only pass has no group
         shown = subprocess.run(
             ["spark-jetstream", "status", "--servers", nats_server.url, "--stream", "demo_kept", "--group", "demo"],
             capture_output=True,
