@@ -162,7 +162,10 @@ def test_the_demo_from_a_fresh_venv_with_only_the_demo_extra(demo_venv: Path, tm
     assert re.search(r"first batch: [\d,]+ rows, finished \d+\.\ds after the query started", out), out
     assert re.search(r"Spark processed [\d,]+ rows/s \(read, from_json, aggregate, parquet write\)", out), out
     stored = r"\([\d.]+ MB as stored\)"
-    read_only = rf"read-only pass .*: {MESSAGES:,} rows {stored} in 1 batch, .* [\d,]+ rows/s, [\d.]+ MB/s"
+    read_only = (
+        rf"read-only pass .*: {MESSAGES:,} rows {stored} in 1 batch of [\d,]+ ms: the connector read [\d,]+ rows/s, "
+        r"[\d.]+ MB/s"
+    )
     assert re.search(read_only, out), out
     outputs = [
         Path(line.split(":", 1)[1].strip()) for line in out.splitlines() if line.startswith(("Output:", "Plot:"))

@@ -324,10 +324,17 @@ def _speed(batches: list[BatchProgress], started: float, read_only: ReadOnlyPass
         f"rows/s (read, from_json, aggregate, parquet write) while they arrived at "
         f"{(sum(arriving) / len(arriving)) if arriving else 0:,.0f} rows/s\n"
         "  read-only pass (the whole stream again into Spark's noop sink, as a query catching up reads it): "
-        f"{read_only.rows:,} rows ({megabytes:,.1f} MB as stored) in {passes} batch{'es' if passes != 1 else ''}, "
-        f"{read_only.busy * 1000 / passes:,.0f} ms each: the connector read {read_only.rows / busy_only:,.0f} rows/s, "
+        f"{read_only.rows:,} rows ({megabytes:,.1f} MB as stored) in {_batches(passes, read_only.busy)}: "
+        f"the connector read {read_only.rows / busy_only:,.0f} rows/s, "
         f"{megabytes / busy_only:,.1f} MB/s ({read_only.seconds:.1f}s with the query's start)"
     )
+
+
+def _batches(count: int, seconds: float) -> str:
+    """``1 batch of 3,567 ms`` or ``4 batches, 890 ms each``."""
+    if count == 1:
+        return f"1 batch of {seconds * 1000:,.0f} ms"
+    return f"{count} batches, {seconds * 1000 / count:,.0f} ms each"
 
 
 def _wait_for_floors(api: JetStreamApi, stream: str, checkpoint: Path) -> tuple[bool, int, dict[str, int]]:
