@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -25,6 +26,26 @@ from spark_jetstream.client.connection import Connection
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import Message, publish_all
 from spark_jetstream.groups.layout import partitioned_stream_config
+
+MASTER_ENV, PROCESSES_ENV = "SPARK_JETSTREAM_BENCH_MASTER", "SPARK_JETSTREAM_BENCH_PROCESSES"
+"""Where ``bench/run.py --master/--processes`` leave their values for every process of the run."""
+
+
+def spark_master() -> str:
+    """The Spark master of every session of the run (``--master``; ``local[2]`` by default)."""
+    return os.environ.get(MASTER_ENV, "local[2]")
+
+
+def processes() -> int:
+    """The raw loops' processes (``--processes``): by default as many as the master runs tasks at once."""
+    given = os.environ.get(PROCESSES_ENV)
+    if given:
+        return int(given)
+    cores = re.match(r"^local\[(\d+|\*)", spark_master())
+    if cores is None:
+        return 2
+    return os.cpu_count() or 2 if cores.group(1) == "*" else int(cores.group(1))
+
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -375,10 +396,10 @@ def in_fresh_process(function: str, *args: str) -> dict[str, Any]:
 
 
 def fresh_session(**conf: str) -> SparkSession:
-    """The ``local[2]`` session of a fresh process: no UI, errors only in the log."""
+    """The session of a fresh process (``spark_master()``): no UI, errors only in the log."""
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+    builder = SparkSession.builder.master(spark_master()).config("spark.ui.enabled", "false")
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

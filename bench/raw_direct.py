@@ -4,8 +4,8 @@
 (``seq``, ``next_by_subj``, ``batch``, ``max_bytes`` ``MAX_BYTES``: without it the server answers up to its
 client buffer, 64 MiB, and a reply that size closes the connection as a slow consumer) at a time, reading
 each reply's ``Nats-Sequence`` and the end-of-batch status and nothing else.
-``run_direct_parallel`` reads one filter subject per spawned process, ``PARALLEL`` at once (as
-``local[2]`` runs 2 tasks at once).
+``run_direct_parallel`` reads one filter subject per spawned process, ``processes()`` at once (as many as Spark's
+master runs tasks at once).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import json
 import multiprocessing
 import time
 
-from common import RawSocket
-from raw_pull import PARALLEL, _worker_ready
+from common import RawSocket, processes
+from raw_pull import _worker_ready
 
 BATCH = 10_000
 MAX_BYTES = 16 * 1024 * 1024
@@ -88,7 +88,7 @@ def _read(job: tuple[tuple[str, int], str, str, int, int | None]) -> tuple[int, 
 def run_direct_parallel(
     address: tuple[str, int], stream: str, subjects: list[str], last: int | None = None
 ) -> tuple[float, int, int]:
-    """``raw_direct`` of each subject in ``PARALLEL`` spawned processes; return (seconds, messages, bytes).
+    """``raw_direct`` of each subject in ``processes()`` spawned processes; return (seconds, messages, bytes).
     With ``last`` (the stream's last seq), ``subjects`` are read in as many contiguous seq slices of ``(0, last]``
     instead, one each. Process start is not timed."""
     if last is None:
@@ -96,7 +96,7 @@ def run_direct_parallel(
     else:
         ends = [last * (index + 1) // len(subjects) for index in range(len(subjects))]
         jobs = [(address, stream, s, low, high) for s, low, high in zip(subjects, [0, *ends], ends, strict=False)]
-    workers = min(PARALLEL, len(jobs))
+    workers = min(processes(), len(jobs))
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
         for _ in range(20):  # every worker up and done importing before the clock starts
             if len(set(pool.map(_worker_ready, range(workers), chunksize=1))) == workers:

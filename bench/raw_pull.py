@@ -4,7 +4,7 @@
 ``CONSUMER.MSG.NEXT`` request of ``BATCH`` messages at a time, carrying the pin id once known,
 parsing each message's ack reply subject for its seq and pending count and nothing else. The
 ``run_baseline_*`` functions drain a group's member consumers with it after an untimed UNPIN and
-RESET to seq 1, in ``PARALLEL`` spawned processes (as ``local[2]`` runs 2 tasks at once) or in this one.
+RESET to seq 1, in ``processes()`` spawned processes (as many as Spark's master runs tasks at once) or in this one.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import multiprocessing
 import os
 import time
 
-from common import STREAM, RawSocket
+from common import STREAM, RawSocket, processes
 
 from spark_jetstream.client.connection import Connection
 from spark_jetstream.client.jsapi import PRIORITY_GROUP, JetStreamApi
@@ -25,8 +25,6 @@ INBOX = b"_INBOX.bench"
 ACK_PREFIX = b"$JS.ACK."
 STATUS_4XX = b"NATS/1.0 4"
 PIN_HEADER = b"Nats-Pin-Id:"
-PARALLEL = 2
-"""Baseline processes: as many as ``local[2]`` runs tasks at once."""
 
 
 def raw_drain(
@@ -143,8 +141,9 @@ def run_baseline_parallel(
     stream: str = STREAM,
     max_bytes: int | None = None,
 ) -> tuple[float, int]:
-    """Drain the members with ``raw_drain`` in ``PARALLEL`` spawned processes; resets and process start not timed."""
-    workers = min(PARALLEL, len(consumers))
+    """Drain the members with ``raw_drain`` in ``processes()`` spawned processes; resets and process start not
+    timed."""
+    workers = min(processes(), len(consumers))
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
         for _ in range(20):  # every worker up and done importing before the clock starts
             if len(set(pool.map(_worker_ready, range(workers), chunksize=1))) == workers:

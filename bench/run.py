@@ -48,7 +48,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from common import SUBJECTS, WARMUP_STREAM, create_stream, publish, server_version, warmup_messages
+from common import (
+    MASTER_ENV,
+    PROCESSES_ENV,
+    SUBJECTS,
+    WARMUP_STREAM,
+    create_stream,
+    processes,
+    publish,
+    server_version,
+    spark_master,
+    warmup_messages,
+)
 from scenarios import (
     cold_job,
     first_batch,
@@ -123,6 +134,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pull-partitions", type=int, default=4, help="partitions (members) of pull-reader (4)")
     parser.add_argument("--pull-subjects", type=int, default=SUBJECTS, help="subjects of pull-reader (1,024)")
     parser.add_argument("--storage", choices=("file", "memory"), default="file", help="storage of every stream")
+    parser.add_argument("--master", default="local[2]", help="Spark master of every session (local[2])")
+    parser.add_argument(
+        "--processes", type=int, default=None, help="processes of the raw loops (default: the master's task slots)"
+    )
+    parser.add_argument("--min-partitions", type=int, default=8, help="shapes: the minPartitions variant's (8)")
+    parser.add_argument("--shapes", default="", help="shapes: only the stream shapes whose names contain this")
     parser.add_argument("--naive-dir", type=Path, default=NAIVE_DIR, help="directory holding naive_source.py")
     args = parser.parse_args(argv)
     args.messages = args.messages or (100_000 if args.quick else 1_000_000)
@@ -143,6 +160,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    os.environ[MASTER_ENV] = args.master  # every process of the run, spawned raw loops and fresh jobs included
+    if args.processes:
+        os.environ[PROCESSES_ENV] = str(args.processes)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     work = tempfile.mkdtemp(prefix="bench-suite-")
     began = time.perf_counter()
@@ -157,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 print(
                     f"nats-server {server_version(address)}, PySpark {pyspark.__version__}, {os.cpu_count()} cores, "
+                    f"Spark master {spark_master()}, raw loops in {processes()} processes, "
                     f"Python {platform.python_version()}; {args.messages:,} messages, {args.storage} storage; "
                     f"scenarios {', '.join(args.only)}"
                 )

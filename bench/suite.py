@@ -24,6 +24,7 @@ from common import (
     peak_rss_kb,
     reset_peak,
     run_spark,
+    spark_master,
     status_kb,
 )
 
@@ -200,13 +201,13 @@ class Measurement:
 
 
 def start_session(suite: Suite, scenario: str, conf: dict[str, str] | None = None) -> SparkSession:
-    """A ``local[2]`` session for one scenario, with an untimed warm-up query (JVM, Python workers)."""
+    """A session for one scenario (``spark_master()``), with an untimed warm-up query (JVM, Python workers)."""
     from pyspark.sql import SparkSession
 
     log_config = Path(suite.work, "log4j2.properties")
     log_config.write_text(QUIET_LOG4J)
     builder = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master(spark_master())
         .appName(f"bench suite: {scenario}")
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log_config}")
         .config("spark.ui.enabled", "false")

@@ -3,8 +3,20 @@ also the per-batch ``durationMs`` of each connector contender's fastest query (w
 
 from __future__ import annotations
 
-from common import STREAM, WARMUP_STREAM, Cpu, SparkRun, heading, messages, print_rows, publish, rate, run_spark
-from raw_pull import PARALLEL, run_baseline_parallel
+from common import (
+    STREAM,
+    WARMUP_STREAM,
+    Cpu,
+    SparkRun,
+    heading,
+    messages,
+    print_rows,
+    processes,
+    publish,
+    rate,
+    run_spark,
+)
+from raw_pull import run_baseline_parallel
 from suite import (
     NAIVE_FORMAT,
     READ_PARTITIONS,
@@ -48,11 +60,11 @@ def run(suite: Suite) -> None:
     naive_name = "spark naive source (nats-py fetch)"
     # contender -> (group, extra source options, the raw pull loop on the same member consumers)
     connectors = {
-        "spark jetstream": ("bench", {}, f"raw pull loop ({PARALLEL} processes)"),
+        "spark jetstream": ("bench", {}, f"raw pull loop ({processes()} processes)"),
         "spark jetstream, ackPolicy=none": (
             "bench-none",
             {"ackPolicy": "none"},
-            f"raw pull loop, AckNone consumers ({PARALLEL} processes)",
+            f"raw pull loop, AckNone consumers ({processes()} processes)",
         ),
     }
     try:

@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from common import STREAM, Cpu, SparkRun, heading, messages, print_rows, publish, rate, run_spark
-from raw_pull import PARALLEL, run_baseline_parallel
+from common import STREAM, Cpu, SparkRun, heading, messages, print_rows, processes, publish, rate, run_spark
+from raw_pull import run_baseline_parallel
 from suite import SIZE, Measurement, Suite, Summary, start_session
 
 from spark_jetstream.groups.layout import balanced_mapping
@@ -107,7 +107,7 @@ def run(suite: Suite) -> None:
         if spark is not None:
             spark.stop()
     print_spark_table(measured)
-    print_rows([(f"raw pull loop, {most} consumers, {PARALLEL} processes", count, seconds, None, cpu)])
+    print_rows([(f"raw pull loop, {most} consumers, {processes()} processes", count, seconds, None, cpu)])
     fewest = min(SCALING_MEMBERS)
     suite.summary.append(
         Summary(f"scaling: {most} vs {fewest} member(s) (rows/s)", measured[most].rate, measured[fewest].rate, "rows/s")

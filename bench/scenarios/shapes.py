@@ -8,8 +8,9 @@ loops on the same data and against what Spark itself moves from a Python source.
   under ``ev.>``, as a client's ``StreamConfig(name, subjects)`` makes them.
 
 Each shape is read with ``trigger(availableNow=True)`` into ``noop`` and as a bounded batch read (``count``),
-by default, with ``readMode=pull`` and with ``minPartitions=8`` (without Direct Get: slices through consumers of
-the tasks' own). The references, in the same run on the same data:
+by default, with ``readMode=pull`` and with ``minPartitions`` (``--min-partitions``, 8 by default; without Direct Get:
+slices through consumers of the tasks' own); ``--shapes`` picks shapes by a part of their names. The references, in
+the same run on the same data:
 
 * ``raw Direct Get``: ``raw_direct`` reading the shape's partition filters in 2 processes (Direct Get shapes): the
   reference of streaming reads; reading ``>`` in one process: of batch reads, one task reading ``>`` here; and
@@ -69,11 +70,15 @@ SHAPES = (
     Shape("no transform, Direct Get", 1024, None, True),
     Shape("no transform, client defaults", 1024, None, False),
 )
-MODES: dict[str, dict[str, str]] = {
-    "default": {},
-    "readMode=pull": {"readMode": "pull"},
-    "minPartitions=8": {"minPartitions": "8"},
-}
+
+
+def modes(min_partitions: int) -> dict[str, dict[str, str]]:
+    """The read options each shape is read with (``--min-partitions``: the last one's, 8 by default)."""
+    return {
+        "default": {},
+        "readMode=pull": {"readMode": "pull"},
+        f"minPartitions={min_partitions}": {"minPartitions": str(min_partitions)},
+    }
 
 
 @dataclass
@@ -106,7 +111,8 @@ def run(suite: Suite) -> None:
             rows.append(Row("-", f"Spark no-I/O {kind}", count / seconds, seconds, cpu, phases=phases))
         rates = {kind: count / seconds for kind, (seconds, _, _) in ceiling.items()}
         for index, shape in enumerate(SHAPES):
-            rows += _one_shape(suite, index, shape, rates)
+            if suite.args.shapes in shape.name:  # --shapes: a part of the shapes' names
+                rows += _one_shape(suite, index, shape, rates)
     finally:
         spark.stop()
         if STREAM in suite.api.stream_names():
@@ -127,7 +133,7 @@ def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]
     print(f"  {shape.name}: {count:,} messages published", flush=True)
     options = {"servers": suite.url, "stream": STREAM}
     timed: dict[str, tuple[float, Cpu, dict[str, float] | None]] = {}
-    for mode, extra in MODES.items():
+    for mode, extra in modes(suite.args.min_partitions).items():
         slug = f"shape{index}-{mode.split('=')[0].lower()}"
         timed[f"streaming {mode}"] = _best(
             suite,
@@ -158,7 +164,7 @@ def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]
     for what, (seconds, cpu, phases) in timed.items():
         kind, mode = what.split(" ", 1)
         path = "pull" if mode == "readMode=pull" or not shape.direct else "direct"
-        if path == "direct" and mode == "minPartitions=8":
+        if path == "direct" and mode.startswith("minPartitions="):
             path = "slices"  # cut by seq, a stream that is all the group's is read with '>' (decision 0017)
         elif path == "direct" and kind == "batch" and "whole" in raw:
             path = "whole"  # a batch read of a stream that is all the group's: '>' in one task (under 1,000,000 seqs)
