@@ -191,7 +191,7 @@ def test_a_stream_that_does_not_answer_is_planned_on_from_the_last_state_read():
         began = time.monotonic()
         assert coordinator.latest(start, Limits()).seq == 50  # unanswered: the last state read
         assert coordinator.state(fresh=True).last_seq == 50  # just asked: not again yet
-        assert time.monotonic() - began < 2, "planning waited for the stream instead of going on"
+        assert time.monotonic() - began < 5, "planning waited for the stream (15 s before) instead of going on"
         server.start()
         publish_all(api.conn, ((f"quiet.{i}", b"x", None) for i in range(10)))
         wait_for(lambda: coordinator.latest(start, Limits()).seq == 60, 10, "the stream's new state")
