@@ -65,7 +65,7 @@ class ClusterUnavailableError(ConnectError):
 
 
 class ServerTooOldError(ConnectError):
-    """The server lacks a feature the connector needs (priority groups, consumer RESET)."""
+    """The server is older than a feature the read needs (``client.features``: groups, batched Direct Get)."""
 
 
 class NotPermittedError(JetStreamError):

@@ -157,16 +157,13 @@ class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
         """A ``SeqRange`` is read with Direct Get or through an ephemeral consumer, as its ``read_mode`` says (a
         ``SmallBatch``'s ranges one after the other); a ``MemberRange`` is pulled from its member consumer."""
         from spark_jetstream.client.connection import connect
-        from spark_jetstream.read.consumer import read_by_consumer
-        from spark_jetstream.read.direct import read_range
-        from spark_jetstream.read.mode import PULL
         from spark_jetstream.read.ranges import SeqRange, SmallBatch
+        from spark_jetstream.read.tasks import read_ranges
 
         conn = connect(self.config.connection)
         value = partition.value
         if isinstance(value, SeqRange | SmallBatch):
-            for seq_range in value.ranges if isinstance(value, SmallBatch) else (value,):
-                yield from (read_by_consumer if seq_range.read_mode == PULL else read_range)(conn, seq_range)
+            yield from read_ranges(conn, value)
         else:
             from pyspark import TaskContext
 

@@ -119,8 +119,8 @@ class Connection:
     def require(self, feature: Feature, fix: str = "") -> None:
         """Raise ``ServerTooOldError`` naming ``feature``, the server's version and the one needed, unless the server
         has it; ``fix``: what else the user can do (", or ...")."""
-        _, shown = server_version(self.client)
-        require(self.server_version, shown, server_address(self.client, self.options), feature, fix)
+        found, shown = server_version(self.client)
+        require(found, shown, server_address(self.client, self.options), feature, fix)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

@@ -67,7 +67,7 @@ class RawClient(_NatsClient):
     async def _process_err(self, err_msg: str) -> None:
         """Remember when the server last refused a publish or subscribe to a subject: it never answers a refused
         request, it only reports the violation (asynchronously) with ``-ERR``, so a request's timeout is explained
-        from here (``violated_since``)."""
+        from here (``refused``)."""
         found = _VIOLATION.search(err_msg)
         if found is not None:
             self.violations[(found.group(1), found.group(2))] = asyncio.get_running_loop().time()

@@ -26,12 +26,13 @@ from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.groups.layout import reads_whole_stream
 from spark_jetstream.groups.resolve import resolve_layout
 from spark_jetstream.options import BATCH, config_values, connection_options, default_of, parse_options
-from spark_jetstream.read.consumer import check_consumer_reads, read_by_consumer
-from spark_jetstream.read.direct import first_seqs, read_range, split, spread
+from spark_jetstream.read.consumer import check_consumer_reads
+from spark_jetstream.read.direct import first_seqs, split, spread
 from spark_jetstream.read.mode import DIRECT, PULL, choose_read_mode
 from spark_jetstream.read.ranges import SeqRange
 from spark_jetstream.read.scope import group_scope, stream_scope
 from spark_jetstream.read.start import check_data_loss, seq_at, start_after
+from spark_jetstream.read.tasks import read_ranges
 from spark_jetstream.spark_compat import DataSourceReader, InputPartition
 
 log = logging.getLogger(__name__)
@@ -84,8 +85,7 @@ class JetStreamBatchReader(DataSourceReader):
         seq_range = getattr(partition, "value", None)
         if not isinstance(seq_range, SeqRange):
             return  # an empty plan: Spark still runs one task, with a placeholder partition
-        conn = connect(self.config.connection)
-        yield from (read_by_consumer if seq_range.read_mode == PULL else read_range)(conn, seq_range)
+        yield from read_ranges(connect(self.config.connection), seq_range)
 
 
 # -- planning (driver) ---------------------------------------------------------------------------

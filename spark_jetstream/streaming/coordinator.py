@@ -89,10 +89,13 @@ class Coordinator:
         self._take_state(source_info if self.stream == config.stream else self.api.stream_info(self.stream))
         what = f"query on group {config.group!r}" if config.group else "query"
         self.direct = choose_read_mode(self.api, self.stream, self._stream_config, config.read_mode, what) == DIRECT
-        if not self.direct and (self.group is None or config.min_partitions is not None):
-            check_consumer_reads(self.stream, self._stream_config)  # ranges through consumers of the tasks' own
+        # A group read through consumers without minPartitions pulls from its member consumers, a task each (4.2);
+        # every other read has its tasks read ranges, with Direct Get or through consumers of their own.
+        self.pulls_members = self.group is not None and not self.direct and config.min_partitions is None
+        if not self.direct and not self.pulls_members:
+            check_consumer_reads(self.stream, self._stream_config)
         if self.group is not None:
-            self.group.hold(self.direct, self.state().retention)  # last: a refused query holds nothing
+            self.group.hold(self.pulls_members, self.state().retention)  # last: a refused query holds nothing
 
     def close(self) -> None:
         """Give up the group, if any (safe on a half-built coordinator, and twice)."""
@@ -219,7 +222,7 @@ class Coordinator:
         state = self.state(fresh=True)
         self._check_data_loss(start, state)
         fault_point("plan")  # the batch is in the offset log; no task has read it
-        if group is not None and group.members_pulled:
+        if group is not None and self.pulls_members:
             return group.member_ranges(start.seq, end.seq)
         config = self.config
         template = SeqRange(

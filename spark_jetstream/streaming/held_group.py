@@ -52,7 +52,6 @@ class HeldGroup:
         self.members = MemberConsumers(
             api, layout, config.ack_wait, config.ack_policy, self.owner, config.priority_timeout
         )
-        self.direct = False
         self._layout_unanswered = float("-inf")  # when the group's config last went unanswered
 
     @property
@@ -64,24 +63,16 @@ class HeldGroup:
         """The stream the members read: an elastic group's work stream."""
         return self.layout.stream
 
-    def hold(self, direct: bool, retention: str) -> None:
-        """Check what the read mode needs of the group, start keeping the pins (unless the tasks pull from the member
-        consumers) and claim the group, last: a refused query holds nothing."""
-        config = self.config
-        check_ack_policy(config.ack_policy, retention, self.layout)
-        self.direct = direct
-        if self.members_pulled:
+    def hold(self, pulled: bool, retention: str) -> None:
+        """Check what the read needs of the group, start keeping the pins unless the tasks pull from the member
+        consumers (``pulled``: they hold the pins then) and claim the group, last: a refused query holds nothing."""
+        check_ack_policy(self.config.ack_policy, retention, self.layout)
+        if pulled:
             self._warn_crowded_members()
         else:
             self.pins = PinKeeper(self.members)  # nothing of the query pulls from them: it keeps the pins itself
         self._claim = GroupClaim(self.api.conn, self.source_config["name"], self.name, self.owner)
         self._claim.claim()
-
-    @property
-    def members_pulled(self) -> bool:
-        """Whether the tasks pull from the member consumers (one task a member, pinned by the tasks): the pull mode
-        without ``minPartitions``; with it, or with Direct Get, the tasks read ranges and the driver keeps the pins."""
-        return not self.direct and self.config.min_partitions is None
 
     def close(self) -> None:
         """Give up the pins and the claim (safe on a half-held group, and twice)."""
@@ -104,7 +95,7 @@ class HeldGroup:
         """
         if self.pins is not None:
             self.pins.raise_error()
-        wait = None if self.members_pulled or settle else FLOOR_WAIT
+        wait = None if self.pins is None or settle else FLOOR_WAIT  # no pin keeper: the tasks pull from them
         self.members.acknowledge(committed, retention, remade, wait)
         if settle:
             self.members.settle(retention)
