@@ -302,3 +302,56 @@ def test_deliveries_are_parsed_alike_by_the_bulk_handler_and_after_nats_py_took_
     assert (pull.deliveries.pin_id, pull.window.budget, list(pull.window.requests)) == ("abc123", 12, [2, 10])
     assert (pull.deliveries.received, client.pings) == (10, 1)  # 8 deliveries and 2 heartbeats
     assert not client._ps.buf
+
+
+def _fed_pull(stream: bytes, sid: int = 3, end: int = 20) -> _PinnedPull:
+    """A pinned reader of range (0, end] fed ``stream`` by hand (no I/O)."""
+    unused = cast(Connection, SimpleNamespace(options=ConnectionOptions()))
+    pull = _PinnedPull(unused, MemberRange("S", "C", start=0, end=end), PullSettings(record_batch_size=100))
+    pull.window.budget, pull.window.requests = 100, deque([100])
+    client = _RecordingClient()
+    client.raw_handlers[sid] = pull._on_message
+    client.bulk_handlers[sid] = pull.deliveries.handler(sid)
+    asyncio.run(client._ps.parse(stream))
+    return pull
+
+
+def _rows(pull: _PinnedPull) -> pa.Table:
+    buffers = [*pull.deliveries.ready, pull.deliveries.batches.rows]
+    return pa.Table.from_batches([b.to_record_batch("S", False, False) for b in buffers if len(b)])
+
+
+def test_every_form_of_the_ack_reply_subject_is_read_and_redeliveries_in_a_run_are_dropped():
+    """Replies in the 9-token form, the 11-token form (domain, account hash) and the 12-token one (and a random token
+    last), with and without headers, in one run; seqs 2 and 1 come again (redeliveries) and are read once."""
+    forms = [
+        b"$JS.ACK.S.C.1.%d.%d.%d.%d",
+        b"$JS.ACK.hub.ACCHASH.S.C.1.%d.%d.%d.%d",
+        b"$JS.ACK.hub.ACCHASH.S.C.1.%d.%d.%d.%d.rAnD0m",
+    ]
+    order = [1, 2, 3, 2, 4, 1, 5, 6]
+    stream = b"".join(
+        wire(
+            3,
+            b"orders.k%d" % seq,
+            forms[index % 3] % (seq, index + 1, 1_700_000_000_000_000_000 + seq * 1000, 10 - seq),
+            b"p%d" % seq,
+            b"NATS/1.0\r\nNats-Pin-Id: pin9\r\n\r\n" if index % 2 else None,
+        )
+        for index, seq in enumerate(order)
+    )
+    pull = _fed_pull(stream)
+    rows = _rows(pull)
+    assert rows.column("seq").to_pylist() == [1, 2, 3, 4, 5, 6]
+    assert rows.column("data").to_pylist() == [b"p%d" % s for s in range(1, 7)]
+    assert rows.column("timestamp").cast(pa.int64()).to_pylist() == [1_700_000_000_000_000 + s for s in range(1, 7)]
+    assert (pull.deliveries.pin_id, pull.deliveries.received, pull.error) == ("pin9", 8, None)
+
+
+def test_a_delivery_whose_reply_subject_cannot_be_read_fails_the_read_naming_it():
+    """A reply form the connector does not know (here 13 tokens) is never dropped silently."""
+    stream = wire(3, b"orders.k1", b"$JS.ACK.a.b.S.C.1.1.1.1700000000000000000.0.x.y", b"p1", None)
+    pull = _fed_pull(stream)
+    assert isinstance(pull.error, ReaderError)
+    assert "cannot read ('$JS.ACK.a.b.S.C.1.1.1.1700000000000000000.0.x.y')" in str(pull.error)
+    assert "upgrade spark-jetstream" in str(pull.error)

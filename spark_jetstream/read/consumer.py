@@ -30,7 +30,15 @@ import pyarrow as pa
 from spark_jetstream.client import messages
 from spark_jetstream.client.connection import Connection
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.client.protocol import STATUS_PREFIX, BulkHandler, deliveries_handler, status_of
+from spark_jetstream.client.protocol import (
+    JS_ACK_PREFIX,
+    STATUS_PREFIX,
+    BulkHandler,
+    deliveries_handler,
+    in_order,
+    status_of,
+    unreadable_delivery,
+)
 from spark_jetstream.errors import ApiError, ConnectError, ConsumerNotFoundError, ReaderError, StreamNotFoundError
 from spark_jetstream.read.ranges import SeqRange
 from spark_jetstream.read.rows import RowBatches, RowBuffer
@@ -274,22 +282,28 @@ class _ConsumerRead:
 
     def _bulk(self, sid: int) -> BulkHandler:
         """Bulk handler of the pull inbox (``protocol.deliveries_handler``): deliveries straight into the rows."""
-        return deliveries_handler(sid, self._deliver, self._counted)
+        return deliveries_handler(sid, self._deliver, self.batches.keep_headers)
 
     def _deliver(
-        self, subject: bytes, payload: memoryview, seq: int, stamp: int, headers: memoryview | None, drained: bool
+        self,
+        subjects: list[bytes],
+        payloads: list[memoryview],
+        seqs: list[int],
+        stamps: list[int],
+        headers: list[memoryview | None],
+        drained: int,
     ) -> None:
-        if self.done or seq <= self.last:  # done, or from a consumer made before the last recovery
+        """A run of deliveries: seqs at or below the last read come from a consumer made before the last recovery;
+        one past the range's end completes it, and so does its last seq."""
+        self._counted(len(seqs))
+        if self.done:
             return
-        if seq > self.range.end:
+        keep, past_end = in_order(seqs, self.last, self.range.end)
+        if (kept := self.batches.extend_run(keep, subjects, payloads, seqs, stamps, headers)) is not None:
+            self.last = kept
+        if past_end or self.last >= self.range.end:
             self._finish()
-            return
-        batches = self.batches
-        batches.add(subject, payload, seq, stamp, bytes(headers) if headers and batches.keep_headers else None)
-        self.last = seq
-        if seq == self.range.end:
-            self._finish()
-        elif drained:
+        elif drained < len(seqs):
             self.confirm = True  # nothing more right now: the leader says whether that is the end
 
     def _counted(self, taken: int) -> None:
@@ -301,6 +315,9 @@ class _ConsumerRead:
     def _on_message(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         """What the bulk handler leaves on the pull inbox: statuses (loop thread)."""
         self.heard += 1
+        if reply.startswith(JS_ACK_PREFIX) and not self.done:
+            self.error = ReaderError(unreadable_delivery(self.name, reply))
+            self.wakeup.set()
         if reply or headers is None or not headers.startswith(STATUS_PREFIX) or self.done:
             return
         code, description = status_of(headers)

@@ -38,14 +38,15 @@ log = logging.getLogger(__name__)
 _DIRECT_HEADERS = b"\r\nNats-Stream: "  # the server appends its headers after the message's own
 _LAGGING_RETRIES = 50
 
-_REPLY = re.compile(
-    rb"HMSG [^ \r\n]++ (\d++) (\d++) (\d++)\r\n"  # <inbox> <sid> <header size> <size>
-    rb"(NATS/1\.0\r\n(?:[^\r\n]*+\r\n)*?)"  # the message's own headers, if any (a status has a code: no match)
+_REPLY = (
+    rb"HMSG [^ \r\n]++ %d (\d++) (\d++)\r\n"  # <inbox> <sid> <header size> <size>
+    rb"NATS/1\.0\r\n(?:[^\r\n]*+\r\n)*?"  # the message's own headers, if any (a status has a code: no match)
     rb"Nats-Stream: [^\r\n]*+\r\nNats-Subject: ([^\r\n]++)\r\nNats-Sequence: (\d++)\r\n"
     rb"Nats-Time-Stamp: ([^\r\n]++)\r\n(?:Nats-Num-Pending: (\d++)\r\n)?(?:Nats-Last-Sequence: \d++\r\n)?\r\n"
 )
-"""One Direct Get reply up to its payload, as nats-server 2.11-2.15 writes it: the protocol line, then the server's
-headers after the message's own. A reply it does not match exactly goes to the per-message handler."""
+"""One Direct Get reply to subscription ``%d`` up to its payload, as nats-server 2.11-2.15 writes it: the protocol line,
+then the server's headers after the message's own; the blank line that ends a header block can only be its end. A
+reply it does not match exactly goes to the per-message handler."""
 
 
 def first_seqs(
@@ -229,33 +230,32 @@ class _DirectReader:
         """Bulk handler of the Direct Get inbox: takes runs of replies straight from the read buffer, one regex
         match each, and keeps each run in one step (decision 0011: the client's CPU is shared with the JVM and the
         server). Statuses, replies it does not recognise and incomplete ones go to ``_on_message``."""
-        own = b"%d" % sid
-        match = _REPLY.match
+        match = re.compile(_REPLY % sid).match
 
         def take(buf: bytearray, view: memoryview, pos: int) -> int:
             keep_headers, size = self.range.include_headers, len(buf)
             subjects: list[bytes] = []
             payloads: list[memoryview] = []
-            seqs: list[int] = []
+            seqs: list[bytes] = []
             stamps: list[bytes] = []
             headers: list[bytes | None] = []
             pending = None
             while (found := match(buf, pos)) is not None:
-                msg_sid, header_size, total, _, subject, seq, stamp, pending = found.groups()
-                start, own_end = found.span(4)
-                header_end = start + int(header_size)
+                header_size, total, subject, seq, stamp, pending = found.groups()
+                header_end = found.end()
+                start = header_end - int(header_size)  # where the header block starts
                 end = start + int(total)
-                if msg_sid != own or found.end() != header_end or end + 2 > size:
-                    break  # another subscription's, headers it cannot vouch for, or not all here yet
+                if end + 2 > size or buf[end] != 13:
+                    break  # not all here yet (or sizes the parser reports)
                 pos = end + 2
                 subjects.append(subject)
                 payloads.append(view[header_end:end])
-                seqs.append(int(seq))
+                seqs.append(seq)
                 stamps.append(stamp)
-                if keep_headers:
-                    headers.append(bytes(view[start:own_end]) + b"\r\n")
+                if keep_headers:  # the message's own headers: what comes before the server's
+                    headers.append(bytes(view[start : buf.rfind(_DIRECT_HEADERS, start, header_end) + 2]) + b"\r\n")
             if seqs:
-                self._keep(subjects, payloads, seqs, stamps, headers if keep_headers else None, pending)
+                self._keep(subjects, payloads, list(map(int, seqs)), stamps, headers if keep_headers else None, pending)
             return pos
 
         return take

@@ -20,7 +20,7 @@ from itertools import accumulate, islice
 
 import pyarrow as pa
 
-from spark_jetstream.client.protocol import PIN_HEADER_NAME, header_fields
+from spark_jetstream.client.protocol import PIN_HEADER_NAME, header_fields, pick
 from spark_jetstream.read.row_schema import columns, spark_schema_ddl
 
 __all__ = ["HEADERS_TYPE", "RowBatches", "RowBuffer", "arrow_schema", "parse_headers", "spark_schema_ddl"]
@@ -282,6 +282,26 @@ class RowBatches:
                     self.ready.append(rows)
                 self.rows = RowBuffer()
             first = stop
+
+    def extend_run(
+        self,
+        keep: slice | list[int],
+        subjects: list[bytes],
+        payloads: list[memoryview],
+        seqs: list[int],
+        stamps: list[int],
+        headers: list[memoryview | None],
+    ) -> int | None:
+        """The messages ``keep`` picks from a run of deliveries (``protocol.in_order``); the last one's seq, or None
+        when it picks none. ``headers`` holds each one's header block where the read keeps headers."""
+        kept = pick(seqs, keep)
+        if not kept:
+            return None
+        blocks = None
+        if self.keep_headers:
+            blocks = [None if block is None else bytes(block) for block in pick(headers, keep)]
+        self.extend(pick(subjects, keep), pick(payloads, keep), kept, pick(stamps, keep), blocks)
+        return kept[-1]
 
     def flush(self) -> None:
         """The rows collected so far become a batch of their own (the read is complete)."""

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from spark_jetstream.client.protocol import PIN_HEADER, BulkHandler, deliveries_handler, header_value
+from spark_jetstream.client.protocol import PIN_HEADER, BulkHandler, deliveries_handler, header_value, in_order
 from spark_jetstream.read.rows import RowBatches, RowBuffer
 
 if TYPE_CHECKING:
@@ -53,25 +53,30 @@ class Deliveries:
 
     def handler(self, sid: int) -> BulkHandler:
         """Bulk handler of the pull inbox (``protocol.deliveries_handler``): deliveries straight into the rows."""
-        return deliveries_handler(sid, self._deliver, self._counted)
+        return deliveries_handler(sid, self._deliver, self.batches.keep_headers)
 
     def _deliver(
-        self, subject: bytes, payload: memoryview, seq: int, stamp: int, headers: memoryview | None, drained: bool
+        self,
+        subjects: list[bytes],
+        payloads: list[memoryview],
+        seqs: list[int],
+        stamps: list[int],
+        headers: list[memoryview | None],
+        drained: int,
     ) -> None:
-        if self.pin_id is None and headers is not None:
-            self.pin_id = header_value(bytes(headers), PIN_HEADER)
+        """A run of deliveries: anything at or below the last seq handed out is a redelivery; one past the range's
+        end, the last one, or one after which nothing more matches completes the range."""
+        self._counted(len(seqs))
+        if self.pin_id is None and (block := next((b for b in headers if b is not None), None)) is not None:
+            self.pin_id = header_value(bytes(block), PIN_HEADER)
         if self.done:
             return
-        end_seq, batches = self.member.end, self.batches
-        if seq > self.last_seq:  # anything at or below was handed out already: a redelivery
-            if seq > end_seq:
-                self.finish()
-                return
-            batches.add(subject, payload, seq, stamp, bytes(headers) if headers and batches.keep_headers else None)
-            self.last_seq = seq
-            if batches.ready:
+        keep, past_end = in_order(seqs[: drained + 1], self.last_seq, self.member.end)  # none after it is read
+        if (kept := self.batches.extend_run(keep, subjects, payloads, seqs, stamps, headers)) is not None:
+            self.last_seq = kept
+            if self.batches.ready:
                 self.wakeup.set()
-        if seq >= end_seq or drained:  # range complete, or nothing more matches
+        if past_end or self.last_seq >= self.member.end or drained < len(seqs):
             self.finish()
 
     def _counted(self, taken: int) -> None:

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from spark_jetstream.client.connection import Connection
 from spark_jetstream.client.jsapi import PRIORITY_GROUP_UNKNOWN, JetStreamApi, pin_holder
-from spark_jetstream.client.protocol import STATUS_PREFIX, status_of
+from spark_jetstream.client.protocol import JS_ACK_PREFIX, STATUS_PREFIX, status_of, unreadable_delivery
 from spark_jetstream.errors import ApiError, ConnectError, FencedError, JetStreamError, ReaderError
 from spark_jetstream.read.ranges import MemberRange
 from spark_jetstream.read.rows import RowBuffer
@@ -220,7 +220,10 @@ class _PinnedPull:
     def _on_message(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         """Raw handler for what the bulk handler leaves on the pull inbox: statuses (loop thread)."""
         self.deliveries.received += 1
-        if not reply and headers is not None and headers.startswith(STATUS_PREFIX):
+        if reply.startswith(JS_ACK_PREFIX):
+            self._fail(ReaderError(unreadable_delivery(self.name, reply)))
+            self.wakeup.set()
+        elif headers is not None and headers.startswith(STATUS_PREFIX):
             self._on_status(*status_of(headers))
 
     def _on_status(self, code: int, description: str) -> None:
