@@ -28,9 +28,15 @@ PIN_HEADER = b"Nats-Pin-Id:"
 
 
 def raw_drain(
-    address: tuple[str, int], stream: str, consumer: str, inbox: bytes = INBOX, max_bytes: int | None = None
+    address: tuple[str, int],
+    stream: str,
+    consumer: str,
+    inbox: bytes = INBOX,
+    max_bytes: int | None = None,
+    last: int | None = None,
 ) -> int:
-    """Pull every message of a freshly reset pinned consumer; return how many arrived.
+    """Pull every message of a freshly reset pinned consumer (or, with ``last``, of an ephemeral one without a
+    priority group up to stream seq ``last``); return how many arrived.
 
     Drains running at the same time need distinct ``inbox`` subjects: every connection
     subscribed to a subject gets every message published to it. ``max_bytes`` bounds each pull (large
@@ -48,7 +54,9 @@ def raw_drain(
         last_seq = 0
         done = False
         while not done:
-            request: dict[str, object] = {"batch": BATCH, "expires": EXPIRES_NS, "group": PRIORITY_GROUP}
+            request: dict[str, object] = {"batch": BATCH, "expires": EXPIRES_NS}
+            if last is None:
+                request["group"] = PRIORITY_GROUP
             if max_bytes is not None:
                 request["max_bytes"] = max_bytes
             if pin_id is not None:
@@ -86,7 +94,7 @@ def raw_drain(
                             if at >= 0:
                                 value_end = buf.find(b"\r\n", at)
                                 pin_id = buf[at + len(PIN_HEADER) : value_end].strip().decode()
-                        if tokens[8] == b"0":
+                        if tokens[8] == b"0" or (last is not None and last_seq >= last):
                             done = batch_over = True
                         elif in_batch == BATCH and max_bytes is None:  # with max_bytes a status ends every pull
                             batch_over = True
@@ -121,6 +129,27 @@ def _drain(job: tuple[tuple[str, int], str, str, int | None]) -> tuple[str, int,
     began = time.perf_counter()
     count = drain(address, consumer, stream, max_bytes)
     return consumer, count, time.perf_counter() - began
+
+
+def _drain_slice(job: tuple[tuple[str, int], str, str, int]) -> int:
+    address, consumer, stream, last = job
+    return raw_drain(address, stream, consumer, b"%s.%d.%s" % (INBOX, os.getpid(), consumer.encode()), None, last)
+
+
+def run_slices_parallel(
+    address: tuple[str, int], stream: str, consumers: list[str], lasts: list[int]
+) -> tuple[float, int]:
+    """Drain ephemeral consumers (no priority group), each up to its stream seq in ``lasts``, in ``processes()``
+    spawned processes: the raw loop of reads cut in seq slices through consumers. Process start not timed."""
+    workers = min(processes(), len(consumers))
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        for _ in range(20):
+            if len(set(pool.map(_worker_ready, range(workers), chunksize=1))) == workers:
+                break
+        began = time.perf_counter()
+        counts = pool.map(_drain_slice, [(address, c, stream, last) for c, last in zip(consumers, lasts, strict=True)])
+        seconds = time.perf_counter() - began
+    return seconds, sum(counts)
 
 
 def reset_members(conn: Connection, consumers: list[str], stream: str = STREAM) -> int:

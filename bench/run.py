@@ -140,6 +140,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--min-partitions", type=int, default=8, help="shapes: the minPartitions variant's (8)")
     parser.add_argument("--shapes", default="", help="shapes: only the stream shapes whose names contain this")
+    parser.add_argument(
+        "--curve-shape",
+        default="no transform, Direct Get",
+        help="shapes: the scaling curve's shape, a part of its name ('none': no curve)",
+    )
     parser.add_argument("--naive-dir", type=Path, default=NAIVE_DIR, help="directory holding naive_source.py")
     args = parser.parse_args(argv)
     args.messages = args.messages or (100_000 if args.quick else 1_000_000)

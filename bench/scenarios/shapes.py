@@ -22,6 +22,11 @@ the same run on the same data:
 
 A read's ratio is against the lower of its path's raw loop and Spark's ceiling; ``stream/batch`` is the
 streaming read's time over the batch read's. Every contender runs ``ROUNDS`` times in turn, best kept.
+
+Then the scaling curve (``--curve-shape``, a part of a shape's name; ``none`` leaves it out): for N = 1, 2, 4, ... up to
+the machine's cores, a session ``local[N]`` reads that shape with ``minPartitions=N``, streaming and batch, against
+the raw loop of its path in N processes (Direct Get: ``>`` in N seq slices; without Direct Get: N ephemeral
+consumers' slices, ``raw_pull`` on N slice consumers) and the no-I/O batch source in N partitions.
 """
 
 from __future__ import annotations
@@ -29,12 +34,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
-from common import KINDS, Cpu, heading
+from common import KINDS, MASTER_ENV, PROCESSES_ENV, Cpu, heading
 from noio import noio_source
 from raw_direct import run_direct_parallel
-from raw_pull import run_baseline_parallel
+from raw_pull import run_baseline_parallel, run_slices_parallel
 from suite import SIZE, Measurement, Suite, Summary, start_session
 
 from spark_jetstream.client.publish import publish_all
@@ -118,6 +124,9 @@ def run(suite: Suite) -> None:
         if STREAM in suite.api.stream_names():
             suite.api.delete_stream(STREAM)
     _report(suite, rows)
+    curve = [shape for shape in SHAPES if suite.args.curve_shape in shape.name]
+    if curve:
+        _curve(suite, curve[0])
 
 
 def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]) -> list[Row]:
@@ -286,6 +295,8 @@ def _report(suite: Suite, rows: list[Row]) -> None:
                 (worst.ratio or 0) >= RATIO_TARGET,
             )
         )
+    if not slower:
+        return
     ratio, shape, what = max(slower)
     suite.summary.append(
         Summary(
@@ -297,3 +308,107 @@ def _report(suite: Suite, rows: list[Row]) -> None:
             ratio <= STREAM_VS_BATCH_TARGET,
         )
     )
+
+
+def core_counts(cores: int) -> list[int]:
+    """1, 2, 4, ... up to ``cores``, and ``cores`` itself."""
+    counts = [1 << k for k in range(cores.bit_length()) if 1 << k <= cores]
+    return counts if counts[-1] == cores else [*counts, cores]
+
+
+@contextmanager
+def _cores(n: int):
+    """Spark sessions ``local[n]`` and raw loops in ``n`` processes, for the block's duration."""
+    saved = {key: os.environ.get(key) for key in (MASTER_ENV, PROCESSES_ENV)}
+    os.environ[MASTER_ENV], os.environ[PROCESSES_ENV] = f"local[{n}]", str(n)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _curve(suite: Suite, shape: Shape) -> None:
+    """The scaling curve of ``shape`` (module doc)."""
+    api, count, cores = suite.api, suite.args.shape_messages, os.cpu_count() or 1
+    heading(f"shapes, scaling curve: {shape.name}, {count:,} x {SIZE} B, local[N] for N in {core_counts(cores)}")
+    if STREAM in api.stream_names():
+        api.delete_stream(STREAM)
+    api.create_stream(shape.config(suite.args.storage))
+    payload = os.urandom(SIZE)
+    subjects = [f"ev.k{k}" for k in range(shape.subjects)]
+    publish_all(suite.conn, ((subjects[i % shape.subjects], payload, None) for i in range(count)))
+    options = {"servers": suite.url, "stream": STREAM}
+    table = []
+    try:
+        for n in core_counts(cores):
+            with _cores(n):
+                table.append((n, *_curve_point(suite, shape, n, options)))
+    finally:
+        if STREAM in api.stream_names():
+            api.delete_stream(STREAM)
+    path = "raw Direct Get ('>', N slices)" if shape.direct else "raw pull (N slice consumers)"
+    print(f"  scaling curve, {shape.name}; raw: {path}, N processes; load {os.getloadavg()[0]:.2f}")
+    header = ("N", "streaming rows/s", "batch rows/s", "raw rows/s", "no-I/O batch", "stream/raw", "batch/raw", "cores")
+    print("  " + " ".join(f"{h:>16}" for h in header))
+    for n, (s_sec, s_cpu, _), (b_sec, _, _), raw, noio in table:
+        cells = [
+            f"{n}",
+            f"{count / s_sec:,.0f}",
+            f"{count / b_sec:,.0f}",
+            f"{count / raw:,.0f}",
+            f"{count / noio:,.0f}",
+            f"{raw / s_sec:.2f}",
+            f"{raw / b_sec:.2f}",
+            f"{s_cpu.own_cores:.2f}",
+        ]
+        print("  " + " ".join(f"{c:>16}" for c in cells))
+
+
+def _curve_point(
+    suite: Suite, shape: Shape, n: int, options: dict[str, str]
+) -> tuple[tuple[float, Cpu, dict[str, float] | None], tuple[float, Cpu, dict[str, float] | None], float, float]:
+    """One point of the curve at ``local[n]``: streaming and batch ``minPartitions=n``, the raw loop, no-I/O."""
+    count = suite.args.shape_messages
+    extra = {**options, "minPartitions": str(n)}
+    spark = start_session(suite, f"shapes-curve-{n}")
+    try:
+        spark.dataSource.register(noio_source(f"{NOIO}-{n}", SIZE, count, n))
+        noio = _best(suite, f"no-I/O batch, local[{n}]", lambda r: _batch(suite, f"{NOIO}-{n}", {}))
+        label = f"minPartitions={n}, local[{n}]"
+        streaming = _best(suite, f"streaming {label}", lambda r: _streaming(suite, "jetstream", extra, f"c{n}-{r}"))
+        batch = _best(suite, f"batch {label}", lambda r: _batch(suite, "jetstream", extra))
+    finally:
+        spark.stop()
+    if shape.direct:
+        raw = min(_raw_direct(suite, [">"] * n, last=count) for _ in range(ROUNDS))
+    else:
+        raw = min(_raw_slices(suite, n, count) for _ in range(ROUNDS))
+    return streaming, batch, raw, noio[0]
+
+
+def _raw_slices(suite: Suite, n: int, count: int) -> float:
+    """``raw_pull`` on ``n`` ephemeral AckNone consumers, one per contiguous seq slice of the stream (what
+    ``minPartitions`` reads through consumers make), in ``n`` processes; consumers made and removed untimed."""
+    api = suite.api
+    ends = [count * (index + 1) // n for index in range(n)]
+    names = []
+    for index, low in enumerate([0, *ends[:-1]]):
+        config = {
+            "name": f"curve-slice-{index}",
+            "deliver_policy": "by_start_sequence",
+            "opt_start_seq": low + 1,
+            "ack_policy": "none",
+            "filter_subject": ">",
+            "inactive_threshold": 60_000_000_000,
+        }
+        names.append(api.create_consumer(STREAM, config)["name"])
+    try:
+        seconds, got = run_slices_parallel(suite.address, STREAM, names, ends)
+    finally:
+        for name in names:
+            api.delete_consumer(STREAM, name)
+    return _checked((seconds, got), count, "the raw pull of the slices")
