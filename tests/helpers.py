@@ -373,3 +373,46 @@ def venv(name: str, *requirements: str) -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(VENVS / name)], check=True)
         pip(python, *requirements)
     return python
+
+
+# The jetstream -> jetstream job of the sink's crash tests
+
+SINK_JOB = Path(__file__).parent / "jobs" / "stream_to_jetstream.py"
+
+
+def sink_job(url: str, source, out: str, checkpoint: Path, *extra: str) -> list[str]:
+    """``jobs/stream_to_jetstream.py`` copying ``source`` into stream ``out`` (``extra``: more of its arguments)."""
+    return [sys.executable, str(SINK_JOB), "--servers", url, "--stream", source.name, "--group", source.group,
+            "--target", out.lower(), "--checkpoint", str(checkpoint), *extra]  # fmt: skip
+
+
+def kill_mid_batch(args: list[str], api, out: str, checkpoint: Path) -> None:
+    """Run the job until a batch is partly published (after at least one commit), then SIGKILL it whole."""
+
+    def partly_published() -> bool:
+        if not mid_batch(checkpoint):
+            return False
+        offsets, commits = checkpoint_log(checkpoint, "offsets"), checkpoint_log(checkpoint, "commits")
+        committed_rows, planned_rows = offsets[max(commits)], offsets[max(offsets)]
+        return committed_rows + 50 < api.stream_info(out)["state"]["messages"] < planned_rows
+
+    run_then_kill([*args, "--max-per-trigger", "1000", "--slow-ms", "3"], partly_published, 240, poll=0.02)
+    # PySpark's Python workers run in their own process group and outlive the kill briefly (they may
+    # still publish what they hold): wait until the target stops growing.
+    count, deadline = -1, time.monotonic() + 30
+    while (now := api.stream_info(out)["state"]["messages"]) != count and time.monotonic() < deadline:
+        count = now
+        time.sleep(1.0)
+
+
+def finish_job(args: list[str]) -> None:
+    done = subprocess.run([*args, "--available-now"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def query_id_of(checkpoint: Path) -> str:
+    return json.loads((checkpoint / "metadata").read_text())["id"]
+
+
+def source_data(source) -> list[bytes]:
+    return sorted(payload for _, payload, _, _ in source.messages.values())

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
-from helpers import checkpoint_log, mid_batch, run_then_kill, stored
+from helpers import checkpoint_log, finish_job, kill_mid_batch, query_id_of, sink_job, source_data, stored
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType
@@ -22,7 +18,6 @@ from spark_jetstream.sink.markers import read_marker
 
 pytestmark = pytest.mark.slow
 
-JOB = Path(__file__).parent / "jobs" / "stream_to_jetstream.py"
 BUCKET = "spark-jetstream-commits"
 _S = 1_000_000_000
 
@@ -254,58 +249,21 @@ def test_a_streaming_write_error_fails_the_query_naming_the_subject(spark, nats_
 # -- streaming writes: kills, restarts, the duplicate window --------------------------------------
 
 
-def _job(url: str, source, out: str, checkpoint: Path) -> list[str]:
-    return [sys.executable, str(JOB), "--servers", url, "--stream", source.name, "--group", source.group,
-            "--target", out.lower(), "--checkpoint", str(checkpoint)]  # fmt: skip
-
-
-def _kill_mid_batch(args: list[str], api: JetStreamApi, out: str, checkpoint: Path) -> None:
-    """Run the job until a batch is partly published (after at least one commit), then SIGKILL it whole."""
-
-    def partly_published() -> bool:
-        if not mid_batch(checkpoint):
-            return False
-        offsets, commits = checkpoint_log(checkpoint, "offsets"), checkpoint_log(checkpoint, "commits")
-        committed_rows, planned_rows = offsets[max(commits)], offsets[max(offsets)]
-        return committed_rows + 50 < api.stream_info(out)["state"]["messages"] < planned_rows
-
-    run_then_kill([*args, "--max-per-trigger", "1000", "--slow-ms", "3"], partly_published, 240, poll=0.02)
-    # PySpark's Python workers run in their own process group and outlive the kill briefly (they may
-    # still publish what they hold): wait until the target stops growing.
-    count, deadline = -1, time.monotonic() + 30
-    while (now := api.stream_info(out)["state"]["messages"]) != count and time.monotonic() < deadline:
-        count = now
-        time.sleep(1.0)
-
-
-def _finish(args: list[str]) -> None:
-    done = subprocess.run([*args, "--available-now"], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-
-
-def _query_id(checkpoint: Path) -> str:
-    return json.loads((checkpoint / "metadata").read_text())["id"]
-
-
-def _expected_data(source) -> list[bytes]:
-    return sorted(payload for _, payload, _, _ in source.messages.values())
-
-
 def test_a_query_killed_mid_batch_and_restarted_stores_each_row_once(
     spark, nats_server, api, make_stream, streams, tmp_path
 ):
     source = make_stream(6000, partitions=4)
     out = streams("Out1")  # duplicate window 2 min: the restart replays the batch well within it
     checkpoint = tmp_path / "cp"
-    args = _job(nats_server.url, source, out, checkpoint)
-    _kill_mid_batch(args, api, out, checkpoint)
+    args = sink_job(nats_server.url, source, out, checkpoint)
+    kill_mid_batch(args, api, out, checkpoint)
     assert len(checkpoint_log(checkpoint, "commits")) < len(checkpoint_log(checkpoint, "offsets"))
 
-    _finish(args)
+    finish_job(args)
     messages = stored(api, out)
     assert len(messages) == 6000
     assert len(set(msg_ids(messages))) == 6000
-    assert sorted(d for _, _, d, _ in messages) == _expected_data(source)
+    assert sorted(d for _, _, d, _ in messages) == source_data(source)
 
 
 def test_a_committed_batch_replayed_after_the_duplicate_window_is_skipped_whole(
@@ -314,21 +272,21 @@ def test_a_committed_batch_replayed_after_the_duplicate_window_is_skipped_whole(
     source = make_stream(3000, partitions=4)
     out = streams("Out2", duplicate_window=1.0)
     checkpoint = tmp_path / "cp"
-    args = _job(nats_server.url, source, out, checkpoint)
-    _finish(args)
+    args = sink_job(nats_server.url, source, out, checkpoint)
+    finish_job(args)
     assert len(stored(api, out)) == 3000
     # Crash between the sink's commit and Spark's commit log: the last batch is replayed on restart.
     last = max(checkpoint_log(checkpoint, "commits"))
     (checkpoint / "commits" / str(last)).unlink()
     (checkpoint / "commits" / f".{last}.crc").unlink(missing_ok=True)
-    assert read_marker(conn, BUCKET, _query_id(checkpoint)) == last
+    assert read_marker(conn, BUCKET, query_id_of(checkpoint)) == last
     time.sleep(1.5)  # past the duplicate window: msg ids no longer protect the replay
 
-    _finish(args)
+    finish_job(args)
     assert checkpoint_log(checkpoint, "commits").keys() == checkpoint_log(checkpoint, "offsets").keys()
     messages = stored(api, out)
     assert len(messages) == 3000
-    assert sorted(d for _, _, d, _ in messages) == _expected_data(source)
+    assert sorted(d for _, _, d, _ in messages) == source_data(source)
     again = publish_all(conn, [(messages[0][1], b"x", {"Nats-Msg-Id": msg_ids(messages)[0]})])
     assert again.duplicates == 0  # the window had passed indeed
 
@@ -342,16 +300,16 @@ def test_after_the_duplicate_window_an_uncommitted_batch_repeats_what_it_had_pub
     source = make_stream(6000, partitions=4)
     out = streams("Out3", duplicate_window=1.0)
     checkpoint = tmp_path / "cp"
-    args = _job(nats_server.url, source, out, checkpoint)
-    _kill_mid_batch(args, api, out, checkpoint)
+    args = sink_job(nats_server.url, source, out, checkpoint)
+    kill_mid_batch(args, api, out, checkpoint)
 
-    query, batch = _query_id(checkpoint), max(checkpoint_log(checkpoint, "offsets"))
+    query, batch = query_id_of(checkpoint), max(checkpoint_log(checkpoint, "offsets"))
     before = msg_ids(stored(api, out))
     committed = read_marker(conn, BUCKET, query) >= batch  # the sink committed it just before the kill
     repeated = set() if committed else {i for i in before if i.startswith(f"{query}:{batch}:")}
     time.sleep(1.5)
 
-    _finish(args)
+    finish_job(args)
     after = Counter(msg_ids(stored(api, out)))
     assert len(after) == 6000  # nothing lost
     assert sum(after.values()) == 6000 + len(repeated)

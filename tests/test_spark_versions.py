@@ -52,6 +52,10 @@ def test_streaming_batch_and_write_on_older_pyspark(version, wheel, spark, nats_
     count, cap = 2000, 300
     stream = make_stream(count, partitions=3, headers=True)
     api.create_stream({"name": f"COPY_{stream.name}", "subjects": [f"copy{stream.name}.>"]})
+    atomic = f"acopy{stream.name}"
+    api.create_stream(
+        {"name": f"ACOPY_{stream.name}", "subjects": [f"{atomic}.>", f"{atomic}_progress.>"], "allow_atomic": True}
+    )
     done = subprocess.run(
         [str(python), str(JOB), "--servers", nats_server.url, "--stream", stream.name, "--group-prefix", stream.group,
          "--max", str(cap), "--count", str(count), "--out", str(tmp_path), "--target", f"copy{stream.name}"],
@@ -111,6 +115,16 @@ def test_streaming_batch_and_write_on_older_pyspark(version, wheel, spark, nats_
         (subject, data, {k: v for k, v in h.items() if not k.startswith("Nats-")}) for _, subject, data, h in copied
     )
     assert got == expected
+    # The same copy with progress markers: every row once (no msg ids), and a marker per batch of 99 rows.
+    acopied = stored(api, f"ACOPY_{stream.name}")
+    rows = [
+        (s, d, {k: v for k, v in h.items() if not k.startswith("Nats-")})
+        for _, s, d, h in acopied
+        if s.startswith(f"{atomic}.")
+    ]
+    assert sorted(rows) == sorted((f"a{s}", d, h) for s, d, h in expected)
+    assert all("Nats-Msg-Id" not in h for _, s, _, h in acopied)
+    assert len(acopied) - len(rows) >= count // 99
 
 
 def test_the_connector_installs_and_imports_without_pyspark_and_says_what_it_needs(wheel):

@@ -8,13 +8,16 @@
   server work as exactly-once);
 * ``publish_all``: ``spark_jetstream.client.publish.publish_all`` (nats-py connection, one process);
 * ``spark``: ``spark.range(n)`` with a 100-byte string ``data`` column written by ``df.write.format("jetstream")``
-  (``WRITE_TASKS`` tasks), msg ids on (the default); ``spark-noids`` with ``deduplicate=false``. Timed from
+  (``WRITE_TASKS`` tasks), msg ids on (the default); ``spark-noids`` with ``deduplicate=false``; ``spark-atomic``
+  with ``progressSubject`` (atomic batches of 1,000 messages with progress markers: exactly-once at any age). Timed from
   ``save()`` to its return; an untimed write of a fifth of ``--messages`` first warms up the Python workers and
   the JVM's JIT (a 20,000-row warm-up left the first measured write up to 40% slower than the next, hot-spot
   compilation included).
 
-Every contender must leave exactly ``--messages`` messages in the stream. The summary rows are the Spark writer
-against the raw publisher doing the same server work (``spark`` / ``raw+ids``, ``spark-noids`` / ``raw``).
+Every contender must leave exactly ``--messages`` rows in the stream (and ``spark-atomic`` its markers). Then
+``LARGE_COUNT`` x ``LARGE_SIZE`` messages, ``spark`` against ``spark-atomic`` alone. The summary rows are the Spark
+writer against the raw publisher doing the same server work (``spark`` / ``raw+ids``, ``spark-noids`` / ``raw``)
+and the atomic writer against today's (``spark-atomic`` / ``spark``, both sizes).
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ WRITE_ROUNDS = 2
 """Every write contender runs this many times in turn and keeps its best (writes take seconds, and
 one slow run on this shared machine moved a ratio by 0.15)."""
 WRITE_TARGET = 0.8
+LARGE_SIZE = 200_000
+LARGE_COUNT = 1000
+PROGRESS = "benchp"
 
 
 @dataclass(frozen=True)
@@ -54,7 +60,8 @@ class Run:
 def fresh_stream(api: JetStreamApi, storage: str) -> None:
     if STREAM in api.stream_names():
         api.delete_stream(STREAM)
-    api.create_stream({"name": STREAM, "subjects": ["bench.>"], "storage": storage})
+    config = {"name": STREAM, "subjects": ["bench.>", f"{PROGRESS}.>"], "storage": storage, "allow_atomic": True}
+    api.create_stream(config)
 
 
 def warmup_rows(messages: int) -> int:
@@ -68,7 +75,8 @@ def timed(api: JetStreamApi, storage: str, name: str, expected: int, work: Calla
     began = time.perf_counter()
     work()
     seconds = time.perf_counter() - began
-    stored = api.stream_info(STREAM)["state"]["messages"]
+    info = api.call(("STREAM", "INFO", STREAM), {"subjects_filter": "bench.>"}, "Counting rows", STREAM)
+    stored = sum((info["state"].get("subjects") or {}).values())  # rows, not the atomic writer's markers
     if stored != expected:
         raise SystemExit(f"FAILED: {name} left {stored:,} messages in the stream, expected {expected:,}")
     return Run(name, expected, seconds)
@@ -84,11 +92,11 @@ def run(suite: Suite) -> None:
     try:
         from pyspark.sql import functions as F
 
-        def spark_write(count: int, **options: str) -> Callable[[], None]:
+        def spark_write(count: int, size: int = SIZE, **options: str) -> Callable[[], None]:
             def work() -> None:
                 frame = spark.range(0, count, 1, WRITE_TASKS).select(
                     F.concat(F.lit("bench.k"), (F.col("id") % SUBJECTS).cast("string")).alias("subject"),
-                    F.lpad(F.col("id").cast("string"), SIZE, "x").alias("data"),
+                    F.lpad(F.col("id").cast("string"), size, "x").alias("data"),
                 )
                 writer = frame.write.format("jetstream").option("servers", suite.url)
                 writer.option("publishWindow", str(WRITE_WINDOW)).options(**options).mode("append").save()
@@ -109,12 +117,15 @@ def run(suite: Suite) -> None:
             ),
             ("spark", spark_write(n)),
             ("spark-noids", spark_write(n, deduplicate="false")),
+            ("spark-atomic", spark_write(n, progressSubject=PROGRESS)),
+            (f"spark {LARGE_SIZE // 1000} KB", spark_write(LARGE_COUNT, LARGE_SIZE)),
+            (f"spark-atomic {LARGE_SIZE // 1000} KB", spark_write(LARGE_COUNT, LARGE_SIZE, progressSubject=PROGRESS)),
         ]
         for round_ in range(1, WRITE_ROUNDS + 1):
             for name, work in contenders:
                 driver = spark if name.startswith("spark") else None
                 watch = Measurement(suite, f"write: {name}, round {round_}", driver)
-                run = timed(api, storage, name, n, work)
+                run = timed(api, storage, name, LARGE_COUNT if name.endswith(" KB") else n, work)
                 cpu = watch.stop()
                 print(f"  round {round_}, {name}: {run.rate:,.0f} msgs/s", flush=True)
                 if name not in runs or run.rate > runs[name][0].rate:
@@ -124,9 +135,15 @@ def run(suite: Suite) -> None:
         if STREAM in api.stream_names():
             api.delete_stream(STREAM)
     print_rows([(name, run.messages, run.seconds, None, cpu) for name, (run, cpu) in runs.items()])
+    for name, (run, _) in runs.items():
+        size = LARGE_SIZE if name.endswith(" KB") else SIZE
+        print(f"  {name}: {run.rate * size / 1e6:,.1f} MB/s")
+    large = f"{LARGE_SIZE // 1000} KB"
     for connector, baseline, what in (
         ("spark", "raw+ids", "write exactly-once: spark vs raw+ids (msgs/s)"),
         ("spark-noids", "raw", "write no ids: spark-noids vs raw (msgs/s)"),
+        ("spark-atomic", "spark", "write at any age: spark-atomic vs spark (msgs/s)"),
+        (f"spark-atomic {large}", f"spark {large}", f"write at any age, {large}: spark-atomic vs spark (msgs/s)"),
     ):
         mine, theirs = runs[connector][0].rate, runs[baseline][0].rate
         suite.summary.append(

@@ -8,6 +8,8 @@ what each release answered):
 
 - batched Direct Get (``batch`` in a ``DIRECT.GET`` request): 2.11. A 2.10 server ignores ``batch`` and answers
   one message without an end-of-batch status, so reads there go through consumers.
+- atomic batch publish (the exactly-once writer's progress markers): 2.12. Without it the writer works as on any
+  stream without ``allow_atomic``, and says so once.
 - consumer groups (priority-group pins, UNPIN and consumer RESET): 2.14.5. 2.10 creates a ``pinned_client``
   consumer without the pin (it drops the fields it does not know), 2.11-2.12 have no RESET, and before 2.14.5 a
   non-JSON pull could crash a server with priority-group consumers.
@@ -40,6 +42,7 @@ class Feature:
 
 ANY_USE = Feature("spark-jetstream", (2, 10, 0))
 BATCHED_DIRECT_GET = Feature("batched Direct Get", (2, 11, 0))
+ATOMIC_BATCHES = Feature("atomic batch publish", (2, 12, 0))
 GROUPS = Feature("consumer groups (priority-group pins and consumer RESET)", (2, 14, 5))
 
 

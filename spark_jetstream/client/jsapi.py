@@ -232,10 +232,14 @@ class JetStreamApi:
         body = {"deleted_details": True} if deleted_details else None
         return await self.call_async(("STREAM", "INFO", stream), body, f"Stream {stream!r}", stream)
 
-    def stream_names(self) -> list[str]:
+    def stream_names(self, subject: str | None = None) -> list[str]:
+        """The account's streams; with ``subject``, those that capture it."""
         names: list[str] = []
         while True:
-            page = self.call(("STREAM", "NAMES"), {"offset": len(names)}, "Listing streams")
+            body: dict[str, Any] = {"offset": len(names)}
+            if subject is not None:
+                body["subject"] = subject
+            page = self.call(("STREAM", "NAMES"), body, "Listing streams")
             names += page.get("streams") or []
             if not page.get("streams") or len(names) >= page.get("total", 0):
                 return names

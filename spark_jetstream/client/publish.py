@@ -33,6 +33,10 @@ HeaderValue = str | Sequence[str] | None
 
 MSG_ID_HEADER = "Nats-Msg-Id"
 EXPECTED_STREAM_HEADER = "Nats-Expected-Stream"
+EXPECTED_SUBJECT_SEQ_HEADER = "Nats-Expected-Last-Subject-Sequence"
+BATCH_ID_HEADER = "Nats-Batch-Id"
+BATCH_SEQUENCE_HEADER = "Nats-Batch-Sequence"
+BATCH_COMMIT_HEADER = "Nats-Batch-Commit"
 
 _STORED = rb'\{"stream":"[^"\\\r\n]*+"(?:,"[a-z_]++": ?+(?:"[^"\\\r\n]*+"|\d++|true))*+\}'
 """A PubAck that says stored (``{"stream":"S","seq":1}``, maybe a domain or ``"duplicate": true``)."""

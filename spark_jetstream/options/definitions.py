@@ -380,6 +380,27 @@ OPTIONS: tuple[Option, ...] = (
         "sink",
     ),
     Option(
+        "progressSubject",
+        parse_subject,
+        None,
+        "Subject prefix of the writer's progress markers (`<prefix>.sjp-<query or write id>.<partition>`), which the "
+        "stream the rows go to must capture. On a stream with `allow_atomic` (nats-server 2.12+) each task stores "
+        "its rows in atomic batches, each with a marker, so a retry, a speculative copy or a replay at any age "
+        "stores every row exactly once; otherwise exactly-once holds within the stream's duplicate window.",
+        frozenset({WRITE}),
+        "sink",
+    ),
+    Option(
+        "atomicBatchSize",
+        parse_int,
+        1000,
+        "Messages per atomic batch with `progressSubject` (rows and one marker): at most the server's "
+        "`jetstream.limits.batch` (1,000 by default).",
+        frozenset({WRITE}),
+        "sink",
+        minimum=2,
+    ),
+    Option(
         "commitBucket",
         parse_name,
         "spark-jetstream-commits",

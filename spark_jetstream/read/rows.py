@@ -20,6 +20,7 @@ from itertools import accumulate, islice
 
 import pyarrow as pa
 
+from spark_jetstream.client.progress_markers import is_marker
 from spark_jetstream.client.protocol import PIN_HEADER_NAME, header_fields, pick
 from spark_jetstream.read.row_schema import columns, spark_schema_ddl
 
@@ -184,7 +185,7 @@ class RowBuffer:
     def to_record_batch(self, stream: str, partitioned: bool, include_headers: bool) -> pa.RecordBatch:
         """Build the batch; on a partitioned stream the leading partition token moves to its column."""
         n = len(self.seqs)
-        group = None  # which rows are the group's, when not all are
+        keep = None  # which rows are read, when not all are (the group's; not the writer's markers)
         times = self.times
         if not isinstance(times, pa.Array):
             times = int64_array(times, pa.timestamp("ns", tz="UTC"))  # type: ignore[arg-type]
@@ -195,10 +196,14 @@ class RowBuffer:
             try:
                 partition, subjects = _split_partition(subjects)
             except pa.ArrowInvalid:  # read with ">": a message stored before the stream was partitioned is no
-                group = pc.match_substring_regex(subjects, "^[0-9]{1,9}[.]")  # partition's: no partition filter has it
-                partition, subjects = _split_partition(pc.if_else(group, subjects, "0.-"))
+                keep = pc.match_substring_regex(subjects, "^[0-9]{1,9}[.]")  # partition's: no partition filter has it
+                partition, subjects = _split_partition(pc.if_else(keep, subjects, "0.-"))
         else:
             partition = pa.nulls(n, pa.int32())
+        if (markers := is_marker(subjects)) is not None:  # the exactly-once writer's bookkeeping, not data
+            import pyarrow.compute as pc
+
+            keep = pc.invert(markers) if keep is None else pc.and_(keep, pc.invert(markers))
         columns = [
             subjects,
             self.data_array(),
@@ -210,7 +215,7 @@ class RowBuffer:
         if include_headers:
             columns.append(headers_array(self.headers))
         batch = pa.RecordBatch.from_arrays(columns, schema=arrow_schema(include_headers))
-        return batch if group is None else batch.filter(group)
+        return batch if keep is None else batch.filter(keep)
 
 
 class RowBatches:

@@ -27,6 +27,8 @@ class SinkConfig:
     subject: str | None = None
     deduplicate: bool = default_of("deduplicate")
     expected_stream: str | None = None
+    progress_subject: str | None = None
+    atomic_batch_size: int = default_of("atomicBatchSize")
     commit_bucket: str = default_of("commitBucket")
     commit_bucket_replicas: int = default_of("commitBucketReplicas")
     window: int = default_of("publishWindow")

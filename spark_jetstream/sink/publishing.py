@@ -16,7 +16,15 @@ import pyarrow.compute as pc
 
 from spark_jetstream.client.connection import Connection
 from spark_jetstream.client.protocol import HEADER_START
-from spark_jetstream.client.publish import EXPECTED_STREAM_HEADER, MSG_ID_HEADER, Publisher, PublishError, header_lines
+from spark_jetstream.client.publish import (
+    BATCH_ID_HEADER,
+    BATCH_SEQUENCE_HEADER,
+    EXPECTED_STREAM_HEADER,
+    MSG_ID_HEADER,
+    Publisher,
+    PublishError,
+    header_lines,
+)
 from spark_jetstream.options import SUBJECT_PATTERN
 
 if TYPE_CHECKING:
@@ -99,9 +107,12 @@ class Commands:
             )
         return subjects.cast(pa.large_binary())
 
-    def header_parts(self, rows: pa.RecordBatch, numbers: pa.Array) -> list[Part] | None:
-        """The parts of each row's header block, or None when no row needs headers (plain PUB then)."""
+    def header_parts(self, rows: pa.RecordBatch, numbers: pa.Array, batch: str | None = None) -> list[Part] | None:
+        """The parts of each row's header block, or None when no row needs headers (plain PUB then). With ``batch``,
+        the rows are messages of that atomic batch, ``numbers`` their places in it."""
         parts: list[Part] = []
+        if batch is not None:
+            parts += [f"{BATCH_ID_HEADER}: {batch}\r\n{BATCH_SEQUENCE_HEADER}: ".encode(), numbers, b"\r\n"]
         has_id_header: list[bool] | None = None
         if self.columns.headers is not None:
             lines, has_id_header = [], []
@@ -130,19 +141,21 @@ class Commands:
             parts.append(self.expected_line)
         return [HEADER_START, *parts, b"\r\n"] if parts else None
 
-    def build(self, rows: pa.RecordBatch, first: int, reply_prefix: bytes) -> pa.Array:
-        """The commands of ``rows`` (the task's rows ``first``.., reply tokens the same) as one array."""
+    def build(self, rows: pa.RecordBatch, first: int, reply_prefix: bytes | None, batch: str | None = None) -> pa.Array:
+        """The commands of ``rows`` (the task's rows ``first``.., reply tokens the same; no reply without
+        ``reply_prefix``) as one array. With ``batch``, messages ``first``.. of that atomic batch."""
         numbers = self.numbers(first, rows.num_rows)
         subjects = self.subjects(rows, first)
         data = rows.column(self.columns.data).cast(pa.large_binary()).fill_null(_EMPTY)
-        header = self.header_parts(rows, numbers)
+        header = self.header_parts(rows, numbers, batch)
+        reply: list[Part] = [] if reply_prefix is None else [reply_prefix, numbers, b" "]
         if header is None:
             total = pc.binary_length(data)
-            parts = [b"PUB ", subjects, b" ", reply_prefix, numbers, b" ", _text(total), b"\r\n", data, b"\r\n"]
+            parts = [b"PUB ", subjects, b" ", *reply, _text(total), b"\r\n", data, b"\r\n"]
         else:
             header_size = _length(header, rows.num_rows)
             total = pc.add(header_size, pc.binary_length(data))
-            parts = [b"HPUB ", subjects, b" ", reply_prefix, numbers, b" ", _text(header_size), b" ", _text(total)]
+            parts = [b"HPUB ", subjects, b" ", *reply, _text(header_size), b" ", _text(total)]
             parts += [b"\r\n", *header, data, b"\r\n"]
         too_big = pc.greater(total, self.max_payload)
         if pc.any(too_big).as_py():

@@ -16,7 +16,9 @@ Exactly-once for streaming writes has two parts:
   Spark's commit log) is skipped whole, however long after the window.
 
 What neither covers: a batch that was published in part (or whole) but not committed, and is
-replayed after the stream's duplicate window, stores what it had published again. There is no
+replayed after the stream's duplicate window, stores what it had published again. ``progressSubject`` on a stream
+with ``allow_atomic`` covers that too (``sink.atomic``: atomic batches with per-task progress markers, instead of
+the ids and the KV marker); the driver decides which writer a write gets before any task runs. There is no
 per-task "partition done" marker on purpose: when the JVM dies, its Python workers (PySpark's
 daemon runs them in their own process group) live on for about half a second, may take the cut
 input for a normal end, publish the part they got and would record the partition as done, so a
@@ -28,7 +30,8 @@ deterministic plans over replayable sources, not after a shuffle); otherwise giv
 Batch writes (``df.write``) use ``Nats-Msg-Id = <writeId>:<partition>:<row>`` with a random id
 per ``save()``: Spark's task retries and speculative copies are stored once, while running the
 job again is a new write (a batch job has no checkpoint to say what was written); give rows a
-``msg_id`` to make re-runs within the duplicate window idempotent.
+``msg_id`` to make re-runs within the duplicate window idempotent. With ``progressSubject`` the write id names the
+tasks' markers instead: retries and speculative copies continue after the rows stored.
 """
 
 from __future__ import annotations
@@ -42,11 +45,12 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.types import StructType
 
-from spark_jetstream.client.connection import connect
+from spark_jetstream.client.connection import Connection, connect
 from spark_jetstream.errors import JetStreamError, OptionError
+from spark_jetstream.sink.atomic import AtomicWriter, ProgressTarget, progress_target
 from spark_jetstream.sink.config import Columns, SinkConfig, check_columns
 from spark_jetstream.sink.markers import ensure_bucket, read_marker, write_marker
-from spark_jetstream.sink.publishing import publish_rows
+from spark_jetstream.sink.publishing import Commands, publish_rows
 from spark_jetstream.spark_compat import DataSourceArrowWriter, StreamWriterBase, WriterCommitMessage, record_batches
 
 log = logging.getLogger(__name__)
@@ -71,12 +75,47 @@ def _drain(batches: Iterator[pa.RecordBatch]) -> int:
     return sum(batch.num_rows for batch in batches)
 
 
+def _write_atomic(
+    conn: Connection,
+    config: SinkConfig,
+    columns: Columns,
+    target: ProgressTarget,
+    sink: str,
+    batch_id: int,
+    partition: int,
+    batches: Iterator[pa.RecordBatch],
+) -> WriteResult:
+    """A task's rows in atomic batches with its progress marker (``sink.atomic``)."""
+    commands = Commands(config, columns, None, conn.client.max_payload)  # no generated ids: the marker decides
+    writer = AtomicWriter(conn, commands, target, sink, batch_id, partition, config.timeout, config.window_bytes)
+    result = writer.write(batches)
+    if result.stale:
+        rows = _drain(batches)
+        log.info(
+            "Partition %d of %s batch %d is obsolete (its marker is of a later batch): %d rows not written",
+            partition,
+            sink,
+            batch_id,
+            rows,
+        )
+    elif result.skipped:
+        log.info(
+            "Partition %d of %s batch %d: %d rows were stored before (by an earlier or concurrent attempt)",
+            partition,
+            sink,
+            batch_id,
+            result.skipped,
+        )
+    return WriteResult(partition, result.published, skipped=result.stale, batch_id=batch_id)
+
+
 class JetStreamBatchWriter(DataSourceArrowWriter):
     """``df.write.format("jetstream")``: every row published, msg ids per save() (see module doc)."""
 
-    def __init__(self, config: SinkConfig, columns: Columns) -> None:
+    def __init__(self, config: SinkConfig, columns: Columns, progress: ProgressTarget | None) -> None:
         self.config = config
         self.columns = columns
+        self.progress = progress
         self.write_id = uuid.uuid4().hex  # made once on the driver: the same in every task and retry
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
@@ -84,6 +123,8 @@ class JetStreamBatchWriter(DataSourceArrowWriter):
 
         partition = TaskContext.get().partitionId()
         conn = connect(self.config.connection)
+        if self.progress is not None:
+            return _write_atomic(conn, self.config, self.columns, self.progress, self.write_id, 0, partition, iterator)
         published, duplicates = publish_rows(conn, self.config, self.columns, iterator, f"{self.write_id}:{partition}:")
         return WriteResult(partition, published, duplicates)
 
@@ -112,10 +153,13 @@ class JetStreamStreamWriter(StreamWriterBase):  # type: ignore[misc,valid-type]
     PySpark 4.0 passes rows instead of Arrow batches: ``input_schema`` turns them into batches.
     """
 
-    def __init__(self, config: SinkConfig, columns: Columns, input_schema: pa.Schema) -> None:
+    def __init__(
+        self, config: SinkConfig, columns: Columns, input_schema: pa.Schema, progress: ProgressTarget | None
+    ) -> None:
         self.config = config
         self.columns = columns
         self.input_schema = input_schema
+        self.progress = progress
 
     def write(self, iterator: Iterator[Any]) -> WriteResult:
         from pyspark import TaskContext
@@ -129,6 +173,12 @@ class JetStreamStreamWriter(StreamWriterBase):  # type: ignore[misc,valid-type]
             raise JetStreamError("The streaming writer ran outside a streaming query (no query or batch id).")
         batch_id, partition = int(batch), context.partitionId()
         conn = connect(self.config.connection)
+        if self.progress is not None:
+            result = _write_atomic(
+                conn, self.config, self.columns, self.progress, query_id, batch_id, partition, iterator
+            )
+            result.query_id = query_id
+            return result
         bucket = self.config.commit_bucket
         committed = read_marker(conn, bucket, query_id)
         if committed >= batch_id:
@@ -151,9 +201,10 @@ class JetStreamStreamWriter(StreamWriterBase):  # type: ignore[misc,valid-type]
         query_id = next((r.query_id for r in results if r.query_id), None)
         if query_id is None:
             return  # no task ran: nothing was published, nothing to mark
-        conn = connect(self.config.connection)
-        ensure_bucket(conn, self.config.commit_bucket, self.config.commit_bucket_replicas)
-        write_marker(conn, self.config.commit_bucket, query_id, batchId)
+        if self.progress is None:  # with progress markers the tasks' markers say what is stored
+            conn = connect(self.config.connection)
+            ensure_bucket(conn, self.config.commit_bucket, self.config.commit_bucket_replicas)
+            write_marker(conn, self.config.commit_bucket, query_id, batchId)
         log.info(
             "jetstream batch %d of query %s committed: %d messages stored (%d duplicates), %d partitions skipped",
             batchId,
@@ -174,14 +225,21 @@ def batch_writer(options: Mapping[str, str], schema: StructType, overwrite: bool
             "A JetStream stream cannot be overwritten: use .mode('append') (messages are added to the stream)."
         )
     config = SinkConfig.parse(options)
-    return JetStreamBatchWriter(config, check_columns(schema, config))
+    columns = check_columns(schema, config)
+    conn = connect(config.connection)
+    return JetStreamBatchWriter(
+        config, columns, progress_target(conn, config.progress_subject, config.atomic_batch_size)
+    )
 
 
 def stream_writer(options: Mapping[str, str], schema: StructType) -> JetStreamStreamWriter:
     """The writer of ``df.writeStream``; makes sure the marker bucket exists before any task runs."""
     config = SinkConfig.parse(options)
     columns = check_columns(schema, config)
-    ensure_bucket(connect(config.connection), config.commit_bucket, config.commit_bucket_replicas)
+    conn = connect(config.connection)
+    progress = progress_target(conn, config.progress_subject, config.atomic_batch_size)
+    if progress is None:
+        ensure_bucket(conn, config.commit_bucket, config.commit_bucket_replicas)
     from pyspark.sql.pandas.types import to_arrow_schema  # needs no pandas (PySpark 4.0-4.3), but is heavy
 
-    return JetStreamStreamWriter(config, columns, to_arrow_schema(schema))
+    return JetStreamStreamWriter(config, columns, to_arrow_schema(schema), progress)

@@ -9,7 +9,8 @@ python tests/jobs/compat_job.py --servers URL --stream S --group-prefix G --max 
   the cap (groups ``G-now`` and ``G-nowcap``); ``groupless``: the same without a group.
 - ``batch``: a bounded ``spark.read`` of seqs ``(10, 110]``.
 - ``write``: the stream copied into ``PREFIX.<token>`` subjects with its headers by a streaming
-  jetstream -> jetstream query (``availableNow``), run twice on one checkpoint (group ``G-copy``).
+  jetstream -> jetstream query (``availableNow``), run twice on one checkpoint (group ``G-copy``); the same into
+  ``aPREFIX.<token>`` with ``progressSubject`` ``aPREFIX_progress`` (atomic batches of 100, group ``G-acopy``).
 """
 
 from __future__ import annotations
@@ -82,18 +83,23 @@ def main() -> None:
     bounded = bounded_read(spark, args.servers, args.stream, 11, 110)
     bounded.write.parquet(f"{args.out}/batch/out")
 
-    copy = source("copy", includeHeaders="true").select(
-        F.concat(F.lit(f"{args.target}."), F.substring_index("subject", ".", -1)).alias("subject"), "data", "headers"
-    )
-    for _ in range(2):
-        query = (
-            copy.writeStream.format("jetstream")
-            .option("servers", args.servers)
-            .option("checkpointLocation", f"{args.out}/write/cp")
-            .trigger(availableNow=True)
-            .start()
+    for name, target, options in (
+        ("copy", args.target, {}),
+        ("acopy", f"a{args.target}", {"progressSubject": f"a{args.target}_progress", "atomicBatchSize": "100"}),
+    ):
+        copy = source(name, includeHeaders="true").select(
+            F.concat(F.lit(f"{target}."), F.substring_index("subject", ".", -1)).alias("subject"), "data", "headers"
         )
-        query.awaitTermination(120)
+        for _ in range(2):
+            query = (
+                copy.writeStream.format("jetstream")
+                .option("servers", args.servers)
+                .option("checkpointLocation", f"{args.out}/{name}/cp")
+                .options(**options)
+                .trigger(availableNow=True)
+                .start()
+            )
+            query.awaitTermination(120)
     result["write"] = "done"
     spark.stop()
     print(json.dumps(result))

@@ -1,6 +1,7 @@
 """A jetstream -> jetstream streaming job run as its own process, so tests can SIGKILL it mid-batch.
 
 python tests/jobs/stream_to_jetstream.py --servers URL --stream S --group G --target PREFIX --checkpoint DIR
+    [--progress-subject P --atomic-batch-size N]
 
 Each message of S is written to ``PREFIX.<last subject token>`` with the same payload. A slow UDF,
 small Arrow batches and small worker buffers make the writer receive a partition's rows about a
@@ -24,6 +25,8 @@ def main() -> None:
     parser.add_argument("--max-per-trigger", type=int, default=1000)
     parser.add_argument("--available-now", action="store_true")
     parser.add_argument("--slow-ms", type=float, default=0.0, help="sleep per row, to make batches slow")
+    parser.add_argument("--progress-subject", default=None, help="the writer's progressSubject")
+    parser.add_argument("--atomic-batch-size", type=int, default=1000)
     args = parser.parse_args()
 
     spark = (
@@ -59,6 +62,9 @@ def main() -> None:
         .option("servers", args.servers)
         .option("checkpointLocation", args.checkpoint)
     )
+    if args.progress_subject:
+        writer = writer.option("progressSubject", args.progress_subject)
+        writer = writer.option("atomicBatchSize", args.atomic_batch_size)
     writer = writer.trigger(availableNow=True) if args.available_now else writer.trigger(processingTime="0 seconds")
     writer.start().awaitTermination()
     spark.stop()
