@@ -48,6 +48,10 @@ class JetStreamDataSource(DataSource):
 
     def schema(self) -> str:
         values = parse_options(self.options, LOAD)
+        if values["bucket"]:
+            from spark_jetstream.read.kv import KV_SCHEMA_DDL
+
+            return KV_SCHEMA_DDL
         return spark_schema_ddl(values["includeHeaders"])
 
     def streamReader(self, schema: StructType) -> JetStreamStreamReader:

@@ -16,6 +16,7 @@ from typing import Any
 from nats.errors import ConnectionClosedError
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from spark_jetstream.client.connection import Connection
 from spark_jetstream.client.jsapi import NO_MESSAGE_FOUND, JetStreamApi
 from spark_jetstream.client.protocol import header_fields
 from spark_jetstream.errors import ApiError, ConnectError
@@ -151,5 +152,38 @@ async def direct_get_async(api: JetStreamApi, stream: str, request: dict[str, An
             )
             if "batch" not in request:
                 return found
+    finally:
+        await sub.unsubscribe()
+
+
+def last_seqs(conn: Connection, stream: str, subjects: list[str], up_to_seq: int) -> dict[str, int]:
+    """The seq of the last message up to ``up_to_seq`` on each of ``subjects`` (at most 1,024) that has one: one
+    Direct Get ``multi_last`` (nats-server 2.11+)."""
+    return conn.run(_last_seqs(conn, stream, subjects, up_to_seq))
+
+
+async def _last_seqs(conn: Connection, stream: str, subjects: list[str], up_to_seq: int) -> dict[str, int]:
+    api = JetStreamApi(conn)
+    client = conn.client
+    inbox = client.new_inbox()
+    sub = await client.subscribe(inbox)
+    request = {"multi_last": subjects, "up_to_seq": up_to_seq, "batch": len(subjects)}
+    found: dict[str, int] = {}
+    try:
+        await client.publish(f"{api.prefix}.DIRECT.GET.{stream}", json.dumps(request).encode(), reply=inbox)
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=max(conn.options.connect_timeout, 5.0))
+            except NatsTimeoutError:
+                raise ApiError(
+                    f"Direct Get of the last messages of {len(subjects)} subjects of {stream!r}: no answer"
+                ) from None
+            headers = msg.headers or {}
+            status = headers.get("Status")
+            if status in ("204", "404"):
+                return found
+            if status:
+                raise ApiError(f"Direct Get on stream {stream!r}: {status} {headers.get('Description', '')}")
+            found[headers["Nats-Subject"]] = int(headers["Nats-Sequence"])
     finally:
         await sub.unsubscribe()

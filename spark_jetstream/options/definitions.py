@@ -138,10 +138,40 @@ OPTIONS: tuple[Option, ...] = (
         "stream",
         parse_name,
         None,
-        "The JetStream stream to read.",
+        "The JetStream stream to read (or `bucket`).",
         READ,
         "read",
-        required=READ,
+    ),
+    Option(
+        "bucket",
+        parse_name,
+        None,
+        "A KV bucket to read instead of a stream: every change (put, delete, purge) in revision order, rows `key, "
+        "value, revision, created, operation`; no group needed.",
+        READ | {WRITE},
+        "read",
+        batch_doc="A KV bucket to read instead of a stream: its live keys' latest values (with `includeHistory`, "
+        "every revision), rows `key, value, revision, created, operation`.",
+        write_doc="A KV bucket to write instead of a stream: rows `key`, `value` (null: delete the key) and optional "
+        "`revision` (compare-and-set: the write fails when the key has moved on).",
+    ),
+    Option(
+        "keys",
+        parse_subject_filters,
+        None,
+        "With `bucket`: comma-separated key filters (`*` and `>` over the key's dot-separated tokens); only "
+        "matching keys are read.",
+        READ,
+        "read",
+    ),
+    Option(
+        "includeHistory",
+        parse_bool,
+        False,
+        "With `bucket`: every stored revision of each key, deletes and purges included, instead of the live keys' "
+        "latest values.",
+        frozenset({BATCH}),
+        "read",
     ),
     Option(
         "group",

@@ -23,8 +23,9 @@ class Option:
 
     ``attr`` is the field it fills in a config dataclass (default: the name in snake_case); ``part``
     groups it in the docs (``connection``, ``pull``, ``read``, ``sink``); ``required`` lists the
-    modes that need it; ``batch_doc`` replaces ``doc`` where batch reads mean something else by it;
-    ``group_only`` options configure a group's member consumers and are refused without ``group``.
+    modes that need it; ``batch_doc`` replaces ``doc`` where batch reads mean something else by it, ``write_doc``
+    where writes do; ``group_only`` options configure a group's member consumers and are refused without
+    ``group``.
     """
 
     name: str
@@ -39,6 +40,7 @@ class Option:
     maximum: float | None = None
     required: frozenset[str] = frozenset()
     batch_doc: str | None = None
+    write_doc: str | None = None
     group_only: bool = False  # about a group's member consumers: refused without the group option
 
     def __post_init__(self) -> None:
@@ -63,4 +65,6 @@ class Option:
         return value
 
     def doc_for(self, mode: str) -> str:
-        return self.batch_doc if mode == BATCH and self.batch_doc else self.doc
+        if mode == BATCH and self.batch_doc:
+            return self.batch_doc
+        return self.write_doc if mode == WRITE and self.write_doc else self.doc

@@ -78,6 +78,7 @@ def _check_combinations(values: dict[str, Any], given: set[str]) -> None:
     for first, second in _EXCLUSIVE:
         if first.lower() in given and second.lower() in given:
             raise OptionError(f"Set {first} or {second}, not both.")
+    _check_bucket(values, given)
     if "group" in values and not values["group"]:
         if values.get("startingPosition") == "group":
             raise OptionError("startingPosition=group needs the group option: whose ack floor would it start at?")
@@ -121,3 +122,33 @@ def _check_combinations(values: dict[str, Any], given: set[str]) -> None:
                 f"({expires:g}s), and the server refuses such pulls. Use at most {expires / 2:g}s, or leave it unset."
             )
         values["pullIdleHeartbeat"] = expires / 2
+
+
+_NOT_WITH_BUCKET = ("group", "subjects", "includeHeaders", "progressSubject", "subject", "expectedStream")
+"""Options of a stream's reads and writes that a bucket's do not take (its rows have columns of their own)."""
+
+
+def _check_bucket(values: dict[str, Any], given: set[str]) -> None:
+    """A read names a stream or a KV bucket; options only a bucket's reads take need ``bucket``, and a bucket's
+    reads and writes refuse those of a stream's."""
+    if "stream" in values and not values["stream"] and not values.get("bucket"):
+        raise OptionError(
+            "Option 'stream' is required: set it with .option('stream', ...), or .option('bucket', ...) to read a KV "
+            "bucket."
+        )
+    if not values.get("bucket"):
+        for name in ("keys", "includeHistory"):
+            if name.lower() in given:
+                raise OptionError(f"Option {name!r} applies to KV buckets: set the bucket option, or remove {name}.")
+        return
+    if values.get("stream"):
+        raise OptionError(
+            "Option 'bucket' and option 'stream' are both set: set one (a bucket is the stream KV_<bucket>, read by "
+            "key)."
+        )
+    for name in _NOT_WITH_BUCKET:
+        if name.lower() in given:
+            fix = "use keys to filter keys" if name == "subjects" else f"remove {name}"
+            raise OptionError(
+                f"Option {name!r} does not apply to a KV bucket's rows (bucket {values['bucket']!r}): {fix}."
+            )

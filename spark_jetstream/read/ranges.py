@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from spark_jetstream.client.jsapi import PRIORITY_GROUP
 from spark_jetstream.options import default_of
+from spark_jetstream.read.kv import KvView
 from spark_jetstream.read.mode import DIRECT
 
 
@@ -28,6 +29,7 @@ class SeqRange:
     read_mode: str = DIRECT
     pull_batch: int = default_of("pullBatchSize")
     pull_max_bytes: int = default_of("pullMaxBytes")
+    kv: KvView | None = None  # a KV bucket's range: its rows are the bucket's (``read.kv``)
 
 
 @dataclass(frozen=True)

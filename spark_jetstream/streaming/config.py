@@ -12,6 +12,7 @@ from typing import Any
 
 from spark_jetstream.client.connection_options import ConnectionOptions
 from spark_jetstream.options import STREAM, config_values, connection_options, default_of, parse_options
+from spark_jetstream.read.kv import bucket_read
 
 
 @dataclass(frozen=True)
@@ -59,10 +60,12 @@ class SourceConfig:
     direct_max_bytes: int = default_of("directGetMaxBytes")
     read_mode: str = default_of("readMode")
     min_partitions: int | None = None
+    bucket: str | None = None
+    keys: tuple[str, ...] | None = None
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> SourceConfig:
-        values = parse_options(raw, STREAM)
+        values = bucket_read(parse_options(raw, STREAM))
         return cls(
             connection=connection_options(values),
             pull=PullSettings.from_options(values),

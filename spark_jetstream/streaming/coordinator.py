@@ -21,6 +21,7 @@ from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.groups.layout import reads_whole_stream
 from spark_jetstream.read.consumer import check_consumer_reads
 from spark_jetstream.read.direct import first_seqs, split, spread
+from spark_jetstream.read.kv import KvView
 from spark_jetstream.read.mode import DIRECT, PULL, choose_read_mode
 from spark_jetstream.read.ranges import MemberRange, SeqRange, SmallBatch
 from spark_jetstream.read.scope import ReadScope, stream_scope
@@ -239,6 +240,7 @@ class Coordinator:
             read_mode=DIRECT if self.direct else PULL,
             pull_batch=config.pull.batch,
             pull_max_bytes=config.pull.max_bytes,
+            kv=KvView(config.bucket) if config.bucket else None,  # a bucket's changes: every revision
         )
         filters = list(scope.filters)
         width = end.seq - start.seq

@@ -1,0 +1,177 @@
+"""A KV bucket as a table, as a stream of its changes, and as a sink: real nats-server, real Spark, buckets made
+with nats-py's KV API (as an application makes them)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+
+import nats
+import pytest
+from helpers import query_not_failed, wait_for
+from nats.js.api import KeyValueConfig
+
+from spark_jetstream.errors import OptionError
+
+
+def kv_ops(
+    url: str,
+    bucket: str,
+    ops: list[tuple[str, str, bytes | None]],
+    history: int = 1,
+    make: bool = True,
+    direct: bool = False,
+) -> list[int]:
+    """Run ``ops`` (``put``/``delete``/``purge``, key, value) on ``bucket`` with nats-py (made first, as nats-py makes
+    buckets: without Direct Get unless ``direct``); returns the revisions."""
+
+    async def run() -> list[int]:
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        config = KeyValueConfig(bucket=bucket, history=history, direct=direct)
+        kv = await (js.create_key_value(config) if make else js.key_value(bucket))
+        revisions = []
+        for op, key, value in ops:
+            if op == "put":
+                await kv.put(key, value or b"")
+            elif op == "delete":
+                await kv.delete(key)
+            else:
+                await kv.purge(key)
+            revisions.append((await js.stream_info(f"KV_{bucket}")).state.last_seq)  # the op's revision
+        await nc.close()
+        return revisions
+
+    return asyncio.run(run())
+
+
+@pytest.fixture
+def bucket(api) -> Iterator[Callable[[str], str]]:
+    made: list[str] = []
+
+    def name(bucket: str) -> str:
+        made.append(bucket)
+        return bucket
+
+    yield name
+    for bucket in made:
+        if f"KV_{bucket}" in api.stream_names():
+            api.delete_stream(f"KV_{bucket}")
+
+
+OPS = [
+    ("put", "user.1", b"ann"),
+    ("put", "user.2", b"bob"),
+    ("put", "user.3", b"cid"),
+    ("put", "user.1", b"ann v2"),
+    ("delete", "user.2", None),
+    ("put", "group.a", b"admins"),
+    ("purge", "user.3", None),
+    ("put", "user.4", b"dee"),
+]
+
+
+def table(spark, url: str, bucket: str, **options: str) -> list[tuple]:
+    frame = spark.read.format("jetstream").option("servers", url).option("bucket", bucket).options(**options).load()
+    return sorted(tuple(row) for row in frame.select("key", "value", "revision", "operation").collect())
+
+
+@pytest.mark.parametrize(("history", "direct"), [(1, False), (1, True), (5, True)])
+def test_a_bucket_reads_as_its_live_keys_latest_values(spark, nats_server, bucket, history, direct):
+    """History 1 (every stored message is its key's latest) read through consumers or with Direct Get; history 5
+    (older revisions stored) asks the stream which is each key's latest."""
+    name = bucket(f"tbl{history}{direct:d}")
+    revisions = kv_ops(nats_server.url, name, OPS, history=history, direct=direct)
+    rev = dict(zip(range(len(OPS)), revisions, strict=True))
+    assert table(spark, nats_server.url, name) == [
+        ("group.a", b"admins", rev[5], "PUT"),
+        ("user.1", b"ann v2", rev[3], "PUT"),
+        ("user.4", b"dee", rev[7], "PUT"),
+    ]
+    assert table(spark, nats_server.url, name, keys="user.*") == [
+        ("user.1", b"ann v2", rev[3], "PUT"),
+        ("user.4", b"dee", rev[7], "PUT"),
+    ]
+    frame = spark.read.format("jetstream").option("servers", nats_server.url).option("bucket", name).load()
+    assert frame.schema.simpleString() == (
+        "struct<key:string,value:binary,revision:bigint,created:timestamp,operation:string>"
+    )
+
+
+def test_latest_values_of_a_bucket_with_history_and_no_direct_get_are_refused_naming_the_fix(
+    spark, nats_server, bucket
+):
+    name = bucket("nodirect")
+    kv_ops(nats_server.url, name, OPS[:2], history=3)
+    with pytest.raises(Exception, match=r"KV bucket 'nodirect' keeps 3 revisions per key and does not allow Direct"):
+        table(spark, nats_server.url, name)
+    assert len(table(spark, nats_server.url, name, includeHistory="true")) == 2
+
+
+def test_a_bucket_with_history_reads_every_stored_revision(spark, nats_server, bucket):
+    name = bucket("hist")
+    revisions = kv_ops(nats_server.url, name, OPS, history=5)
+    # The purge of user.3 removed its put; the delete of user.2 keeps the put before it (history 5).
+    expected = [
+        ("group.a", b"admins", revisions[5], "PUT"),
+        ("user.1", b"ann", revisions[0], "PUT"),
+        ("user.1", b"ann v2", revisions[3], "PUT"),
+        ("user.2", b"", revisions[4], "DEL"),
+        ("user.2", b"bob", revisions[1], "PUT"),
+        ("user.3", b"", revisions[6], "PURGE"),
+        ("user.4", b"dee", revisions[7], "PUT"),
+    ]
+    assert table(spark, nats_server.url, name, includeHistory="true") == expected
+
+
+def test_the_changes_of_a_bucket_stream_exactly_once_across_a_restart(spark, nats_server, bucket, tmp_path):
+    name = bucket("chg")
+    first = kv_ops(nats_server.url, name, OPS[:5])
+    out, checkpoint = tmp_path / "out", tmp_path / "cp"
+
+    def run() -> None:
+        query = (
+            spark.readStream.format("jetstream").option("servers", nats_server.url).option("bucket", name)
+            .option("maxMessagesPerTrigger", 2).load()
+            .writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True).start()
+        )  # fmt: skip
+        query.awaitTermination(120)
+        assert query.exception() is None, query.exception()
+
+    run()
+    second = kv_ops(nats_server.url, name, OPS[5:], make=False)
+    run()
+    rows = sorted(
+        (r.revision, r.key, r.value, r.operation)
+        for r in spark.read.parquet(str(out)).select("revision", "key", "value", "operation").collect()
+    )
+    ops = {"put": "PUT", "delete": "DEL", "purge": "PURGE"}
+    expected = [(rev, key, value or b"", ops[op]) for rev, (op, key, value) in zip(first + second, OPS, strict=True)]
+    # History 1: user.1's and user.2's first puts were gone (changed again) when the first run read the bucket;
+    # every other change is there once, in the run that read it.
+    assert rows == [e for e in expected if e[0] not in (first[0], first[1])]
+
+
+def test_options_of_a_stream_are_refused_with_a_bucket(spark, nats_server):
+    def reader():
+        return spark.read.format("jetstream").option("servers", nats_server.url)
+
+    with pytest.raises(Exception, match="Option 'group' does not apply to a KV bucket's rows"):
+        reader().option("bucket", "b").option("group", "g").load().collect()
+    with pytest.raises(Exception, match="Option 'keys' applies to KV buckets"):
+        reader().option("stream", "S").option("keys", "a.*").load().collect()
+
+
+def test_option_rules_for_buckets():
+    from spark_jetstream.options import BATCH, parse_options
+
+    with pytest.raises(OptionError, match="Option 'bucket' and option 'stream' are both set"):
+        parse_options({"stream": "S", "bucket": "b"}, BATCH)
+    with pytest.raises(OptionError, match="Option 'stream' is required: .*or .option\\('bucket'"):
+        parse_options({}, BATCH)
+    with pytest.raises(OptionError, match="Option 'subjects' does not apply to a KV bucket's rows .*use keys"):
+        parse_options({"bucket": "b", "subjects": "a.>"}, BATCH)
+    time.sleep(0)  # keep imports used
+    assert wait_for and query_not_failed
