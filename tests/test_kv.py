@@ -154,6 +154,73 @@ def test_the_changes_of_a_bucket_stream_exactly_once_across_a_restart(spark, nat
     assert rows == [e for e in expected if e[0] not in (first[0], first[1])]
 
 
+def live(url: str, bucket: str) -> dict[str, bytes]:
+    """The bucket's live keys and values, as nats-py sees them."""
+
+    async def run() -> dict[str, bytes]:
+        nc = await nats.connect(url)
+        kv = await nc.jetstream().key_value(bucket)
+        try:
+            keys = await kv.keys()
+        except Exception:  # nats-py: no keys
+            keys = []
+        found = {key: (await kv.get(key)).value or b"" for key in keys}
+        await nc.close()
+        return found
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("history", [1, 4])
+def test_a_snapshot_then_the_changes_keep_a_table_equal_to_the_bucket(spark, nats_server, bucket, tmp_path, history):
+    """``startingPosition=snapshot`` and a foreachBatch MERGE by key: the live values first (one batch, whatever
+    maxMessagesPerTrigger), then each change; the table equals the bucket after every run."""
+    name = bucket(f"snap{history}")
+    kv_ops(nats_server.url, name, OPS, history=history, direct=True)
+    merged: dict[str, bytes] = {}
+    batches: list[list[tuple]] = []
+
+    def merge(frame, batch_id: int) -> None:
+        rows = sorted((r.revision, r.key, r.value, r.operation) for r in frame.collect())
+        batches.append(rows)
+        for _, key, value, operation in rows:
+            if operation == "PUT":
+                merged[key] = value
+            else:
+                merged.pop(key, None)
+
+    def run() -> None:
+        query = (
+            spark.readStream.format("jetstream").option("servers", nats_server.url).option("bucket", name)
+            .option("startingPosition", "snapshot").option("maxMessagesPerTrigger", 2).load()
+            .writeStream.foreachBatch(merge).option("checkpointLocation", str(tmp_path / "cp"))
+            .trigger(availableNow=True).start()
+        )  # fmt: skip
+        query.awaitTermination(120)
+        assert query.exception() is None, query.exception()
+
+    run()
+    assert merged == live(nats_server.url, name) == {"user.1": b"ann v2", "group.a": b"admins", "user.4": b"dee"}
+    assert [op for _, _, _, op in batches[0]] == ["PUT"] * 3  # the snapshot: live values only, in one batch
+    kv_ops(nats_server.url, name, [("put", "user.5", b"eve"), ("delete", "user.1", None)], make=False)
+    run()
+    assert merged == live(nats_server.url, name) == {"group.a": b"admins", "user.4": b"dee", "user.5": b"eve"}
+
+
+def test_a_bucket_s_changes_filtered_by_key(spark, nats_server, bucket, tmp_path):
+    name = bucket("chgkeys")
+    kv_ops(nats_server.url, name, OPS)
+    query = (
+        spark.readStream.format("jetstream").option("servers", nats_server.url).option("bucket", name)
+        .option("keys", "group.>,user.4").load()
+        .writeStream.format("memory").queryName("kvkeys").trigger(availableNow=True)
+        .option("checkpointLocation", str(tmp_path / "cp")).start()
+    )  # fmt: skip
+    query.awaitTermination(120)
+    rows = sorted((r.key, r.value, r.operation) for r in spark.sql("SELECT * FROM kvkeys").collect())
+    assert rows == [("group.a", b"admins", "PUT"), ("user.4", b"dee", "PUT")]
+
+
 def test_options_of_a_stream_are_refused_with_a_bucket(spark, nats_server):
     def reader():
         return spark.read.format("jetstream").option("servers", nats_server.url)

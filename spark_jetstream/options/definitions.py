@@ -210,7 +210,9 @@ OPTIONS: tuple[Option, ...] = (
         parse_position,
         None,
         "Where a new query starts: `earliest`, `latest`, `group` (the member consumers' ack floor) or a "
-        "stream sequence. Default: `group` when the group's member consumers exist, else `earliest`.",
+        "stream sequence (a bucket's revision). Default: `group` when the group's member consumers exist, else "
+        "`earliest`. With `bucket`, also `snapshot`: the live keys' latest values in the first batch, then every "
+        "change after them.",
         READ,
         "read",
         batch_doc="First message: `earliest` (default), `latest`, `group` (after the group's ack floor) or a stream "

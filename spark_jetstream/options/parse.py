@@ -136,11 +136,19 @@ def _check_bucket(values: dict[str, Any], given: set[str]) -> None:
             "Option 'stream' is required: set it with .option('stream', ...), or .option('bucket', ...) to read a KV "
             "bucket."
         )
+    snapshot = values.get("startingPosition") == "snapshot"
     if not values.get("bucket"):
         for name in ("keys", "includeHistory"):
             if name.lower() in given:
                 raise OptionError(f"Option {name!r} applies to KV buckets: set the bucket option, or remove {name}.")
+        if snapshot:
+            raise OptionError("startingPosition=snapshot applies to a KV bucket's changes: set the bucket option.")
         return
+    if snapshot and "includeHistory" in values and "maxMessagesPerTrigger" not in values:  # a batch read's options
+        raise OptionError(
+            "startingPosition=snapshot applies to spark.readStream of a bucket (its latest values, then its changes): "
+            "a batch read of a bucket gives its latest values by itself."
+        )
     if values.get("stream"):
         raise OptionError(
             "Option 'bucket' and option 'stream' are both set: set one (a bucket is the stream KV_<bucket>, read by "

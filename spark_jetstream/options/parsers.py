@@ -75,8 +75,8 @@ def _position(text: str, names: tuple[str, ...], first: int) -> str | int:
 
 
 def parse_position(text: str) -> str | int:
-    """``earliest``, ``latest``, ``group`` or a stream sequence to start at."""
-    return _position(text, ("earliest", "latest", "group"), 1)
+    """``earliest``, ``latest``, ``group``, ``snapshot`` (a KV bucket's changes) or a stream sequence to start at."""
+    return _position(text, ("earliest", "latest", "group", "snapshot"), 1)
 
 
 def parse_timestamp(text: str) -> datetime:

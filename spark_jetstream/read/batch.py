@@ -23,15 +23,13 @@ from typing import Any
 import pyarrow as pa
 
 from spark_jetstream.client.connection import Connection, ConnectionOptions, connect
-from spark_jetstream.client.features import BATCHED_DIRECT_GET
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.errors import ReaderError
 from spark_jetstream.groups.layout import reads_whole_stream
 from spark_jetstream.groups.resolve import resolve_layout
 from spark_jetstream.options import BATCH, config_values, connection_options, default_of, parse_options
 from spark_jetstream.read.consumer import check_consumer_reads
 from spark_jetstream.read.direct import first_seqs, split, spread
-from spark_jetstream.read.kv import KvView, bucket_read
+from spark_jetstream.read.kv import KvView, bucket_read, table_view
 from spark_jetstream.read.mode import DIRECT, PULL, choose_read_mode
 from spark_jetstream.read.ranges import SeqRange
 from spark_jetstream.read.scope import group_scope, stream_scope
@@ -100,21 +98,10 @@ class JetStreamBatchReader(DataSourceReader):
 
 def kv_view(conn: Connection, config: BatchConfig, stream_config: dict[str, Any], end: int) -> KvView | None:
     """A bucket's table read keeps each live key's latest revision up to ``end``; with ``includeHistory`` every
-    revision. A bucket that keeps several revisions per key is asked which is each key's latest with Direct Get
-    (``multi_last`` up to ``end``: nats-server 2.11+, ``allow_direct``)."""
+    revision."""
     if config.bucket is None:
         return None
-    history = max(int(stream_config.get("max_msgs_per_subject") or 1), 1)
-    if not config.include_history and history > 1:
-        if not stream_config.get("allow_direct"):
-            raise ReaderError(
-                f"KV bucket {config.bucket!r} keeps {history} revisions per key and does not allow Direct Get, which "
-                f"a read of its latest values needs to tell each key's latest revision: `nats stream edit "
-                f"KV_{config.bucket} --allow-direct`, or read it with includeHistory=true and keep the highest "
-                "revision per key."
-            )
-        conn.require(BATCHED_DIRECT_GET, ", or read the bucket with includeHistory=true")
-    return KvView(config.bucket, None if config.include_history else end, history)
+    return KvView(config.bucket) if config.include_history else table_view(conn, config.bucket, stream_config, end)
 
 
 def plan(conn: Connection, config: BatchConfig) -> list[SeqRange]:

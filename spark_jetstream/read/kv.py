@@ -76,6 +76,26 @@ class KvView:
         return f"$KV.{self.bucket}."
 
 
+def table_view(conn: Connection, bucket: str, stream_config: dict[str, Any], as_of: int) -> KvView:
+    """How a read of ``bucket``'s latest values up to seq ``as_of`` keeps each live key's latest revision. A bucket
+    that keeps several revisions per key is asked which is each key's latest with Direct Get (``multi_last``:
+    nats-server 2.11+, ``allow_direct``); one that keeps one stores only latest revisions."""
+    from spark_jetstream.client.features import BATCHED_DIRECT_GET
+    from spark_jetstream.errors import ReaderError
+
+    history = max(int(stream_config.get("max_msgs_per_subject") or 1), 1)
+    if history > 1:
+        if not stream_config.get("allow_direct"):
+            raise ReaderError(
+                f"KV bucket {bucket!r} keeps {history} revisions per key and does not allow Direct Get, which a read "
+                f"of its latest values needs to tell each key's latest revision: `nats stream edit KV_{bucket} "
+                "--allow-direct`, or read every revision (includeHistory=true, or the changes from earliest) and keep "
+                "the highest per key."
+            )
+        conn.require(BATCHED_DIRECT_GET, ", or read every revision (includeHistory=true) and keep the highest per key")
+    return KvView(bucket, as_of, history)
+
+
 def kv_rows(conn: Connection, batches: Iterator[pa.RecordBatch], view: KvView) -> Iterator[pa.RecordBatch]:
     """The bucket's rows of record batches read with headers (the source's schema)."""
     import pyarrow as pa

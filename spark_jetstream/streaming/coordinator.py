@@ -21,7 +21,7 @@ from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.groups.layout import reads_whole_stream
 from spark_jetstream.read.consumer import check_consumer_reads
 from spark_jetstream.read.direct import first_seqs, split, spread
-from spark_jetstream.read.kv import KvView
+from spark_jetstream.read.kv import KvView, table_view
 from spark_jetstream.read.mode import DIRECT, PULL, choose_read_mode
 from spark_jetstream.read.ranges import MemberRange, SeqRange, SmallBatch
 from spark_jetstream.read.scope import ReadScope, stream_scope
@@ -167,6 +167,8 @@ class Coordinator:
         fault_point("initial")  # a new query, nothing in its checkpoint yet
         state = self.state()  # read at most STREAM_INFO_INTERVAL ago: made with the coordinator, just now
         config = self.config
+        if self.snapshot:
+            return self.watermark(0)  # the first batch, (0, last], is the bucket's latest values
         return self.watermark(
             start_after(
                 self.api,
@@ -199,11 +201,20 @@ class Coordinator:
             min_rows_waited_out=now - self._last_batch_at >= self.config.max_trigger_delay,
         )
         end = batch_end(start.seq, state.last_seq, limits, state.average_size, self._available_now_cap)
+        if self.snapshot and start.seq == 0:
+            end = state.last_seq  # the latest values are one batch, whatever the limits: a batch is a point in time
         if end > start.seq:
             self._last_batch_at = now
         return self.watermark(end)
 
+    @property
+    def snapshot(self) -> bool:
+        """``startingPosition=snapshot`` of a bucket: the batch from seq 0 is its latest values (``read.kv``)."""
+        return self.config.starting_position == "snapshot"
+
     def _check_data_loss(self, start: Watermark, state: StreamState) -> None:
+        if self.config.bucket:
+            return  # a bucket's revisions that its history or a purge removed are compaction (decision 0023)
         check_data_loss(self.stream, start.seq, state.first_seq, state.last_seq, self.config.fail_on_data_loss)
 
     def plan(self, start: Watermark, end: Watermark) -> list[SeqRange] | list[SmallBatch] | list[MemberRange]:
@@ -240,7 +251,7 @@ class Coordinator:
             read_mode=DIRECT if self.direct else PULL,
             pull_batch=config.pull.batch,
             pull_max_bytes=config.pull.max_bytes,
-            kv=KvView(config.bucket) if config.bucket else None,  # a bucket's changes: every revision
+            kv=self._kv_view(start, end),
         )
         filters = list(scope.filters)
         width = end.seq - start.seq
@@ -257,6 +268,16 @@ class Coordinator:
         if small and len(ranges) > 1:
             return [SmallBatch(tuple(ranges))]
         return ranges
+
+    def _kv_view(self, start: Watermark, end: Watermark) -> KvView | None:
+        """A bucket's batch: every change, or with ``snapshot`` the batch from seq 0 as the latest values up to its
+        end."""
+        bucket = self.config.bucket
+        if bucket is None:
+            return None
+        if self.snapshot and start.seq == 0:
+            return table_view(self.conn, bucket, self._stream_config, end.seq)
+        return KvView(bucket)
 
     def commit(self, end: Watermark) -> None:
         """Spark committed the batch ending at ``end``: the ack on commit."""
