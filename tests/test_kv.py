@@ -242,3 +242,113 @@ def test_option_rules_for_buckets():
         parse_options({"bucket": "b", "subjects": "a.>"}, BATCH)
     time.sleep(0)  # keep imports used
     assert wait_for and query_not_failed
+
+
+# -- writing a bucket ---------------------------------------------------------------------------
+
+
+def write_kv(spark, url: str, bucket: str, rows: list[tuple], schema: str) -> None:
+    frame = spark.createDataFrame(rows, schema)
+    frame.write.format("jetstream").option("servers", url).option("bucket", bucket).mode("append").save()
+
+
+def test_rows_are_written_as_puts_and_deletes(spark, nats_server, api, bucket):
+    name = bucket("w1")
+    kv_ops(nats_server.url, name, [("put", "old", b"x"), ("put", "gone", b"y")])
+    rows = [("a.1", b"one"), ("a.2", b"two"), ("gone", None), ("old", b"new")]
+    write_kv(spark, nats_server.url, name, rows, "key string, value binary")
+    assert live(nats_server.url, name) == {"a.1": b"one", "a.2": b"two", "old": b"new"}
+    history = table(spark, nats_server.url, name, includeHistory="true")
+    assert ("gone", b"", history[2][2], "DEL") in history  # a delete marker, as the NATS clients write it
+
+
+def test_compare_and_set_writes_at_the_row_s_revision_and_refuses_a_stale_one(spark, nats_server, bucket):
+    name = bucket("w2")
+    revisions = kv_ops(nats_server.url, name, [("put", "price.eur", b"1.00"), ("put", "price.usd", b"1.10")])
+    schema = "key string, value string, revision bigint"
+    write_kv(spark, nats_server.url, name, [("price.eur", "1.01", revisions[0]), ("price.gbp", "0.85", 0)], schema)
+    assert live(nats_server.url, name) == {"price.eur": b"1.01", "price.usd": b"1.10", "price.gbp": b"0.85"}
+    with pytest.raises(Exception) as refused:
+        write_kv(spark, nats_server.url, name, [("price.usd", "1.20", revisions[0])], schema)
+    message = str(refused.value)
+    assert f"Compare-and-set refused for key 'price.usd' of KV bucket 'w2': the key is at revision {revisions[1]}" in (
+        message
+    )
+    assert live(nats_server.url, name)["price.usd"] == b"1.10"
+
+
+def test_a_streaming_write_to_a_bucket_replayed_is_stored_once(spark, nats_server, api, bucket, make_stream, tmp_path):
+    """A jetstream -> KV query whose last batch Spark replays (its commit lost): every row once."""
+    source = make_stream(300, partitions=2)
+    name = bucket("w3")
+    kv_ops(nats_server.url, name, [])
+    checkpoint = tmp_path / "cp"
+    for replay in (False, True):
+        if replay:
+            commits = checkpoint / "commits"
+            last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+            (commits / str(last)).unlink()
+            (commits / f".{last}.crc").unlink(missing_ok=True)
+        query = (
+            spark.readStream.format("jetstream").option("servers", nats_server.url).option("stream", source.name)
+            .option("maxMessagesPerTrigger", 100).load()
+            .selectExpr("concat('k.', seq) AS key", "data AS value")
+            .writeStream.format("jetstream").option("servers", nats_server.url).option("bucket", name)
+            .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+        )  # fmt: skip
+        query.awaitTermination(120)
+        assert query.exception() is None, query.exception()
+    assert api.stream_info(f"KV_{name}")["state"]["messages"] == 300
+    assert live(nats_server.url, name) == {f"k.{seq}": data for seq, (_, data, _, _) in source.messages.items()}
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ("value binary", "A write to KV bucket 'b' needs a 'key' column"),
+        ("key string", "A write to KV bucket 'b' needs a 'value' column"),
+        ("key string, value binary, subject string", "Column 'subject' is not used by a write to KV bucket 'b'"),
+        ("key bigint, value binary", "Column 'key' has type bigint, but a write to KV bucket 'b' takes string"),
+    ],
+)
+def test_a_bucket_write_s_columns_are_checked_before_anything_is_written(spark, nats_server, schema, message):
+    row = tuple(1 if "bigint" in f else (b"v" if "binary" in f else "k") for f in schema.split(", "))
+    with pytest.raises(Exception, match=message):
+        write_kv(spark, nats_server.url, "b", [row], schema)
+
+
+def test_a_bad_key_fails_the_write_naming_it(spark, nats_server, bucket):
+    name = bucket("w4")
+    kv_ops(nats_server.url, name, [])
+    with pytest.raises(Exception, match=r"Cannot write key 'bad key' to KV bucket 'w4'"):
+        write_kv(spark, nats_server.url, name, [("good", b"1"), ("bad key", b"2")], "key string, value binary")
+
+
+def test_a_compare_and_set_write_replayed_is_a_duplicate_not_a_refusal(spark, nats_server, api, bucket):
+    """The server checks a revision before a msg id: a task that stored compare-and-set rows and is run again (a
+    retry, a replay) finds each key's last message carrying the row's own msg id and counts it a duplicate; a key
+    someone else moved on is still refused."""
+    import pyarrow as pa
+
+    from spark_jetstream.client.connection import connect
+    from spark_jetstream.client.connection_options import ConnectionOptions
+    from spark_jetstream.sink.config import SinkConfig
+    from spark_jetstream.sink.kv import KvColumns, publish_kv
+
+    name = bucket("w5")
+    revisions = kv_ops(nats_server.url, name, [("put", "a", b"1"), ("put", "b", b"1")])
+    conn = connect(ConnectionOptions(servers=(nats_server.url,)))
+    config = SinkConfig(connection=conn.options, bucket=name)
+    rows = pa.RecordBatch.from_pydict(
+        {
+            "key": ["a", "b", "c", "d"],
+            "value": [b"2", b"2", b"x", None],
+            "revision": [revisions[0], revisions[1], None, None],
+        }
+    )
+    columns = KvColumns(key=0, value=1, revision=2)
+    assert publish_kv(conn, config, columns, iter([rows]), "q:1:0:") == (4, 0)
+    assert publish_kv(conn, config, columns, iter([rows]), "q:1:0:") == (4, 4)  # the same task again
+    assert api.stream_info(f"KV_{name}")["state"]["messages"] == 4  # a, b once more each, c; d's delete
+    with pytest.raises(Exception, match=r"Compare-and-set refused for key 'a' of KV bucket 'w5'"):
+        publish_kv(conn, config, columns, iter([rows]), "other:1:0:")  # another writer, an old revision

@@ -28,6 +28,7 @@ class SinkConfig:
     deduplicate: bool = default_of("deduplicate")
     expected_stream: str | None = None
     progress_subject: str | None = None
+    bucket: str | None = None
     atomic_batch_size: int = default_of("atomicBatchSize")
     commit_bucket: str = default_of("commitBucket")
     commit_bucket_replicas: int = default_of("commitBucketReplicas")

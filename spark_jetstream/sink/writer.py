@@ -49,6 +49,7 @@ from spark_jetstream.client.connection import Connection, connect
 from spark_jetstream.errors import JetStreamError, OptionError
 from spark_jetstream.sink.atomic import AtomicWriter, ProgressTarget, progress_target
 from spark_jetstream.sink.config import Columns, SinkConfig, check_columns
+from spark_jetstream.sink.kv import KvColumns, check_kv_columns, publish_kv
 from spark_jetstream.sink.markers import ensure_bucket, read_marker, write_marker
 from spark_jetstream.sink.publishing import Commands, publish_rows
 from spark_jetstream.spark_compat import DataSourceArrowWriter, StreamWriterBase, WriterCommitMessage, record_batches
@@ -73,6 +74,19 @@ class WriteResult(WriterCommitMessage):
 
 def _drain(batches: Iterator[pa.RecordBatch]) -> int:
     return sum(batch.num_rows for batch in batches)
+
+
+def _publish(
+    conn: Connection,
+    config: SinkConfig,
+    columns: Columns | KvColumns,
+    batches: Iterator[pa.RecordBatch],
+    id_prefix: str,
+) -> tuple[int, int]:
+    """``publish_rows`` of a task's rows; a bucket's rows as its messages (``sink.kv``)."""
+    if isinstance(columns, KvColumns):
+        return publish_kv(conn, config, columns, batches, id_prefix)
+    return publish_rows(conn, config, columns, batches, id_prefix)
 
 
 def _write_atomic(
@@ -112,7 +126,7 @@ def _write_atomic(
 class JetStreamBatchWriter(DataSourceArrowWriter):
     """``df.write.format("jetstream")``: every row published, msg ids per save() (see module doc)."""
 
-    def __init__(self, config: SinkConfig, columns: Columns, progress: ProgressTarget | None) -> None:
+    def __init__(self, config: SinkConfig, columns: Columns | KvColumns, progress: ProgressTarget | None) -> None:
         self.config = config
         self.columns = columns
         self.progress = progress
@@ -125,7 +139,7 @@ class JetStreamBatchWriter(DataSourceArrowWriter):
         conn = connect(self.config.connection)
         if self.progress is not None:
             return _write_atomic(conn, self.config, self.columns, self.progress, self.write_id, 0, partition, iterator)
-        published, duplicates = publish_rows(conn, self.config, self.columns, iterator, f"{self.write_id}:{partition}:")
+        published, duplicates = _publish(conn, self.config, self.columns, iterator, f"{self.write_id}:{partition}:")
         return WriteResult(partition, published, duplicates)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -154,7 +168,11 @@ class JetStreamStreamWriter(StreamWriterBase):  # type: ignore[misc,valid-type]
     """
 
     def __init__(
-        self, config: SinkConfig, columns: Columns, input_schema: pa.Schema, progress: ProgressTarget | None
+        self,
+        config: SinkConfig,
+        columns: Columns | KvColumns,
+        input_schema: pa.Schema,
+        progress: ProgressTarget | None,
     ) -> None:
         self.config = config
         self.columns = columns
@@ -193,7 +211,7 @@ class JetStreamStreamWriter(StreamWriterBase):  # type: ignore[misc,valid-type]
             )
             return WriteResult(partition, skipped=True, query_id=query_id, batch_id=batch_id)
         prefix = f"{query_id}:{batch_id}:{partition}:"
-        published, duplicates = publish_rows(conn, self.config, self.columns, iterator, prefix)
+        published, duplicates = _publish(conn, self.config, self.columns, iterator, prefix)
         return WriteResult(partition, published, duplicates, query_id=query_id, batch_id=batch_id)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -218,6 +236,11 @@ class JetStreamStreamWriter(StreamWriterBase):  # type: ignore[misc,valid-type]
         log.warning("jetstream batch %d aborted: it is published again when the query replays it", batchId)
 
 
+def _columns(schema: StructType, config: SinkConfig) -> Columns | KvColumns:
+    """The columns a write uses: a stream's, or a bucket's (``key``, ``value``, ``revision``)."""
+    return check_kv_columns(schema, config.bucket) if config.bucket else check_columns(schema, config)
+
+
 def batch_writer(options: Mapping[str, str], schema: StructType, overwrite: bool) -> JetStreamBatchWriter:
     """The writer of ``df.write``; a stream cannot be overwritten, so only append mode is accepted."""
     if overwrite:
@@ -225,19 +248,18 @@ def batch_writer(options: Mapping[str, str], schema: StructType, overwrite: bool
             "A JetStream stream cannot be overwritten: use .mode('append') (messages are added to the stream)."
         )
     config = SinkConfig.parse(options)
-    columns = check_columns(schema, config)
+    columns = _columns(schema, config)
     conn = connect(config.connection)
-    return JetStreamBatchWriter(
-        config, columns, progress_target(conn, config.progress_subject, config.atomic_batch_size)
-    )
+    progress = None if config.bucket else progress_target(conn, config.progress_subject, config.atomic_batch_size)
+    return JetStreamBatchWriter(config, columns, progress)
 
 
 def stream_writer(options: Mapping[str, str], schema: StructType) -> JetStreamStreamWriter:
     """The writer of ``df.writeStream``; makes sure the marker bucket exists before any task runs."""
     config = SinkConfig.parse(options)
-    columns = check_columns(schema, config)
+    columns = _columns(schema, config)
     conn = connect(config.connection)
-    progress = progress_target(conn, config.progress_subject, config.atomic_batch_size)
+    progress = None if config.bucket else progress_target(conn, config.progress_subject, config.atomic_batch_size)
     if progress is None:
         ensure_bucket(conn, config.commit_bucket, config.commit_bucket_replicas)
     from pyspark.sql.pandas.types import to_arrow_schema  # needs no pandas (PySpark 4.0-4.3), but is heavy
