@@ -316,7 +316,74 @@ print(f"after publishing them again, {OUT_STREAM} holds {api.stream_info(OUT_STR
 # COMMAND ----------
 
 # MAGIC %md
-# MAGIC ## 6. Clean up
+# MAGIC ## 6. A KV bucket as a table, and its changes
+# MAGIC
+# MAGIC A KV bucket is a stream too (`KV_<bucket>`, one subject per key). `option("bucket", ...)` reads it as a table
+# MAGIC (each live key's latest value; `keys` filters keys, `includeHistory` gives every revision) and, streaming, as a
+# MAGIC feed of its changes. Rows: `key, value, revision, created, operation` (`PUT`, `DEL`, `PURGE`). Writing takes
+# MAGIC `key` and `value` (null deletes the key), and an optional `revision` for compare-and-set.
+
+# COMMAND ----------
+
+BUCKET = "shop_prices"
+api.create_stream(  # what `nats kv add shop_prices` makes
+    {"name": f"KV_{BUCKET}", "subjects": [f"$KV.{BUCKET}.>"], "max_msgs_per_subject": 1, "allow_rollup_hdrs": True,
+     "deny_delete": True, "discard": "new", "allow_direct": True}
+)  # fmt: skip
+prices = spark.createDataFrame([("apple", "1.20"), ("pear", "0.90"), ("plum", "2.10")], "key string, value string")
+prices.write.format("jetstream").options(**NATS).option("bucket", BUCKET).mode("append").save()
+spark.read.format("jetstream").options(**NATS).option("bucket", BUCKET).load().show()
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC Keep a parquet table equal to the bucket: `startingPosition=snapshot` gives the live values in the first
+# MAGIC batch, then every change; each batch is merged by key (the latest revision wins; a delete removes the key). On
+# MAGIC Databricks, `MERGE INTO` a Delta table does the same in place; here each batch writes a new version of the table.
+
+# COMMAND ----------
+
+from pyspark.sql import Window
+
+TABLE = f"{WORK_DIR}/prices_table"
+
+
+def merge(changes, batch_id):
+    """The table's next version: its rows without the changed keys, plus their latest values if still live."""
+    latest = changes.withColumn("n", F.row_number().over(Window.partitionBy("key").orderBy(F.desc("revision"))))
+    latest = latest.where("n = 1")
+    versions = sorted(p for p in os.listdir(TABLE)) if os.path.isdir(TABLE) else []
+    table = (
+        spark.read.parquet(f"{TABLE}/{versions[-1]}")
+        if versions
+        else spark.createDataFrame([], "key string, value binary, revision bigint")
+    )
+    merged = table.join(latest.select("key"), "key", "left_anti").unionByName(
+        latest.where("operation = 'PUT'").select("key", "value", "revision")
+    )
+    merged.write.mode("overwrite").parquet(f"{TABLE}/v{batch_id:06d}")  # a replayed batch writes the same version
+
+
+def sync():
+    (
+        spark.readStream.format("jetstream").options(**NATS).option("bucket", BUCKET)
+        .option("startingPosition", "snapshot").load()
+        .writeStream.foreachBatch(merge).option("checkpointLocation", f"{WORK_DIR}/prices_sync")
+        .trigger(availableNow=True).start().awaitTermination()
+    )  # fmt: skip
+
+
+sync()
+changes = spark.createDataFrame([("pear", None), ("kiwi", "0.50"), ("apple", "1.25")], "key string, value string")
+changes.write.format("jetstream").options(**NATS).option("bucket", BUCKET).mode("append").save()
+sync()
+latest_version = sorted(os.listdir(TABLE))[-1]
+spark.read.parquet(f"{TABLE}/{latest_version}").orderBy("key").show()  # apple 1.25, kiwi 0.50, plum 2.10
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC ## 7. Clean up
 # MAGIC
 # MAGIC Stops any query still running, deletes the group (its config and member consumers) and both streams, and
 # MAGIC stops the embedded server if one was started. The KV buckets that hold group configs and the writer's
@@ -332,6 +399,7 @@ for active in spark.streams.active:
 delete_group(api, STREAM, GROUP)
 api.delete_stream(STREAM)  # also removes the consumers of the "large-orders" group
 api.delete_stream(OUT_STREAM)
+api.delete_stream(f"KV_{BUCKET}")
 close_all()
 if embedded is not None:
     embedded.close()
