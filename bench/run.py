@@ -22,6 +22,8 @@ Each scenario is one module of ``bench/scenarios/`` that owns its measurement; t
   (``--first-batch-rounds``).
 * ``cold-job``: an ``availableNow`` job over ``--cold-messages`` in a fresh process, against the raw Direct Get loop.
 * ``leader-change``: a query on a 3-node cluster of its own through leader faults (``--leader-rounds``).
+* ``kv``: a KV bucket of ``--messages`` keys read as a table against the raw Direct Get loop, and its changes
+  streamed at ``--rate`` puts/s (p50/p99 from put to row).
 * ``pull-reader``: the pinned pull reader against the raw pull loop, outside Spark (``--pull-partitions``,
   ``--pull-subjects``).
 
@@ -64,6 +66,7 @@ from scenarios import (
     cold_job,
     first_batch,
     groupless,
+    kv,
     large_messages,
     latency,
     leader_change,
@@ -94,6 +97,7 @@ RUNNERS: dict[str, Callable[[Suite], None]] = {
     "cold-job": cold_job.run,
     "leader-change": leader_change.run,
     "pull-reader": pull_reader.run,
+    "kv": kv.run,
 }
 SCENARIOS = tuple(RUNNERS)
 

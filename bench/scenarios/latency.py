@@ -76,9 +76,12 @@ class LatencyRun:
 class SteadyPublisher(threading.Thread):
     """Publishes ``count`` messages at ``rate`` msg/s, each payload starting with its publish time."""
 
-    def __init__(self, conn: Connection, prefix: str, rate: int, count: int, mark: bytes = b"M") -> None:
+    def __init__(
+        self, conn: Connection, prefix: str, rate: int, count: int, mark: bytes = b"M", distinct: int = SUBJECTS
+    ) -> None:
         super().__init__(name="steady-publisher", daemon=True)
         self.conn, self.prefix, self.rate, self.count, self.mark = conn, prefix, rate, count, mark
+        self.distinct = distinct  # subjects (keys) the messages go to, in turn
         self.sent = 0
         self.began = self.ended = 0.0
         self.error: BaseException | None = None
@@ -86,7 +89,11 @@ class SteadyPublisher(threading.Thread):
 
     def batch(self, first: int, end: int) -> Iterator[Message]:
         for i in range(first, end):  # runs on the connection's loop thread, right before the send
-            yield f"{self.prefix}.k{i % SUBJECTS}", STAMP.pack(time.time(), self.mark) + self.padding, None
+            yield (
+                f"{self.prefix}.{self.mark.decode()}{i % self.distinct}",
+                STAMP.pack(time.time(), self.mark) + self.padding,
+                None,
+            )
 
     def run(self) -> None:
         try:
@@ -106,9 +113,18 @@ class SteadyPublisher(threading.Thread):
 
 
 def measure_latency(
-    suite: Suite, spark: SparkSession, contender: str, source: str, options: dict[str, str], stream: str, prefix: str
+    suite: Suite,
+    spark: SparkSession,
+    contender: str,
+    source: str,
+    options: dict[str, str],
+    stream: str,
+    prefix: str,
+    columns: tuple[str, str] = ("data", "timestamp"),
+    distinct: int = SUBJECTS,
 ) -> LatencyRun:
-    """Run a default-trigger query into ``foreachBatch`` while publishing steadily; latencies per row."""
+    """Run a default-trigger query into ``foreachBatch`` while publishing steadily; latencies per row (``columns``:
+    the payload's and the store time's; ``distinct``: subjects the messages go to)."""
     from pyspark.sql import functions as F
 
     args = suite.args
@@ -116,7 +132,7 @@ def measure_latency(
     lock = threading.Lock()
 
     def sink(frame: Any, batch_id: int) -> None:
-        rows = frame.select("data", F.unix_micros("timestamp")).collect()
+        rows = frame.select(columns[0], F.unix_micros(columns[1])).collect()
         with lock:
             result.sink(rows)
 
@@ -126,7 +142,7 @@ def measure_latency(
     checkpoint = suite.checkpoint(f"latency-{stream}")
     query = reader.load().writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint).start()
     try:
-        priming = SteadyPublisher(suite.conn, prefix, 1000, PRIMING, b"P")
+        priming = SteadyPublisher(suite.conn, prefix, 1000, PRIMING, b"P", distinct)
         priming.run()
         deadline = time.monotonic() + 120
         while result.primed < PRIMING:  # workers and callback server busy once before measuring
@@ -137,7 +153,7 @@ def measure_latency(
         last = query.lastProgress
         first_batch = last["batchId"] + 1 if last else 0  # the measured batches' progress only
         watch = Measurement(suite, f"latency: {contender}", spark)
-        publisher = SteadyPublisher(suite.conn, prefix, args.rate, count)
+        publisher = SteadyPublisher(suite.conn, prefix, args.rate, count, distinct=distinct)
         publisher.start()
         publisher.join()
         if publisher.error is not None:

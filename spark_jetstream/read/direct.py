@@ -36,6 +36,7 @@ from spark_jetstream.read.rows import RowBatches, RowBuffer, binary_array
 log = logging.getLogger(__name__)
 
 _DIRECT_HEADERS = b"\r\nNats-Stream: "  # the server appends its headers after the message's own
+_NO_HEADERS = len(b"NATS/1.0\r\n")  # a reply's header block up to the server's: the message had none
 _LAGGING_RETRIES = 50
 
 _REPLY = (
@@ -252,8 +253,9 @@ class _DirectReader:
                 payloads.append(view[header_end:end])
                 seqs.append(seq)
                 stamps.append(stamp)
-                if keep_headers:  # the message's own headers: what comes before the server's
-                    headers.append(bytes(view[start : buf.rfind(_DIRECT_HEADERS, start, header_end) + 2]) + b"\r\n")
+                if keep_headers:  # the message's own headers: what comes before the server's (None: none)
+                    own_end = buf.rfind(_DIRECT_HEADERS, start, header_end) + 2
+                    headers.append(bytes(view[start:own_end]) + b"\r\n" if own_end > start + _NO_HEADERS else None)
             if seqs:
                 self._keep(subjects, payloads, list(map(int, seqs)), stamps, headers if keep_headers else None, pending)
             return pos
@@ -279,7 +281,7 @@ class _DirectReader:
             [data],
             [int(fields[b"Nats-Sequence"])],
             [fields[b"Nats-Time-Stamp"]],
-            [headers[:cut] + b"\r\n\r\n"],
+            [headers[:cut] + b"\r\n\r\n" if cut + 2 > _NO_HEADERS else None],
             fields.get(b"Nats-Num-Pending"),
         )
 

@@ -133,13 +133,11 @@ def operations(batch: pa.RecordBatch) -> pa.Array:
 
 
 def _first(values: pa.Array) -> pa.Array:
-    """``map_lookup``'s list of a header's values -> its first value (null without the header)."""
-    import pyarrow as pa
+    """``map_lookup``'s list of a header's values -> its first value (null without the header: a header that is
+    there has a value)."""
     import pyarrow.compute as pc
 
-    present = pc.fill_null(pc.greater(pc.list_value_length(values), 0), False)
-    safe = pc.if_else(present, values, pa.scalar([""], values.type))
-    return pc.if_else(present, pc.list_element(safe, 0), pa.scalar(None, pa.string()))
+    return pc.list_element(values, 0)
 
 
 def _latest(conn: Connection, rows: pa.RecordBatch, view: KvView) -> pa.Array:

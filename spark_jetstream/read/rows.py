@@ -100,6 +100,10 @@ def repeated_string(value: str, n: int) -> pa.Array:
 
 def headers_array(blocks: Sequence[bytes | None]) -> pa.Array:
     """``pa.array([parse_headers(b) for b in blocks], HEADERS_TYPE)``, built from its parts."""
+    if not any(blocks):  # no message has headers (a KV bucket's puts): empty maps, nothing to parse
+        empty = pa.array([], pa.string())
+        values = pa.ListArray.from_arrays(_offsets([]), empty)
+        return pa.MapArray.from_arrays(_offsets([0] * len(blocks)), empty, values)
     keys: list[bytes] = []
     values: list[bytes] = []
     map_ends: list[int] = []
