@@ -337,9 +337,10 @@ spark.read.format("jetstream").options(**NATS).option("bucket", BUCKET).load().s
 # COMMAND ----------
 
 # MAGIC %md
-# MAGIC Keep a parquet table equal to the bucket: `startingPosition=snapshot` gives the live values in the first
-# MAGIC batch, then every change; each batch is merged by key (the latest revision wins; a delete removes the key). On
-# MAGIC Databricks, `MERGE INTO` a Delta table does the same in place; here each batch writes a new version of the table.
+# MAGIC Keep a parquet table equal to the bucket: `startingPosition=snapshot` gives the live values in the
+# MAGIC first batch, then every change; each batch is merged by key (the latest revision wins; a delete removes
+# MAGIC the key). On Databricks, `MERGE INTO` a Delta table does the same in place; here each batch writes a new
+# MAGIC version of the table.
 
 # COMMAND ----------
 

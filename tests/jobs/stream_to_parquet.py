@@ -1,6 +1,7 @@
 """A streaming job run as its own process, so tests can SIGKILL the whole driver mid-batch.
 
 python tests/jobs/stream_to_parquet.py --servers URL --stream S --group G --out DIR --checkpoint DIR
+python tests/jobs/stream_to_parquet.py --servers URL --bucket B --out DIR --checkpoint DIR  (a KV bucket's changes)
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from pyspark.sql.types import LongType
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    for name in ("servers", "stream", "group", "out", "checkpoint"):
+    for name in ("servers", "out", "checkpoint"):
         parser.add_argument(f"--{name}", required=True)
+    for name in ("stream", "group", "bucket"):
+        parser.add_argument(f"--{name}")
     parser.add_argument("--max-per-trigger", type=int, default=1000)
     parser.add_argument("--available-now", action="store_true")
     parser.add_argument("--slow-ms", type=float, default=0.0, help="sleep per row, to make batches slow")
@@ -33,18 +36,19 @@ def main() -> None:
         time.sleep(delay)
         return seq
 
-    rows = (
-        spark.readStream.format("jetstream")
-        .option("servers", args.servers)
-        .option("stream", args.stream)
-        .option("group", args.group)
-        .option("maxMessagesPerTrigger", args.max_per_trigger)
-        .option("ackPolicy", args.ack_policy)
-        .option("readMode", args.read_mode)
-        .options(**({"members": args.members} if args.members else {}))
-        .load()
-        .withColumn("seq", slowly("seq"))
-    )
+    reader = spark.readStream.format("jetstream").option("servers", args.servers)
+    reader = reader.option("maxMessagesPerTrigger", args.max_per_trigger).option("readMode", args.read_mode)
+    if args.bucket:
+        rows = reader.option("bucket", args.bucket).load().withColumn("revision", slowly("revision"))
+    else:
+        rows = (
+            reader.option("stream", args.stream)
+            .option("group", args.group)
+            .option("ackPolicy", args.ack_policy)
+            .options(**({"members": args.members} if args.members else {}))
+            .load()
+            .withColumn("seq", slowly("seq"))
+        )
     writer = rows.writeStream.format("parquet").option("path", args.out).option("checkpointLocation", args.checkpoint)
     writer = writer.trigger(availableNow=True) if args.available_now else writer.trigger(processingTime="0 seconds")
     writer.start().awaitTermination()
