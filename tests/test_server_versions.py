@@ -219,6 +219,7 @@ def test_progress_markers_where_the_server_has_atomic_batches_and_msg_ids_where_
                 copy.writeStream.format("jetstream")
                 .option("servers", server.url)
                 .option("progressSubject", "acopyp")
+                .option("commitBucket", "acopy-commits")  # before 2.12 the writer with ids and this bucket
                 .option("checkpointLocation", str(tmp_path / "cp"))
                 .trigger(availableNow=True)
                 .start()
@@ -233,8 +234,8 @@ def test_progress_markers_where_the_server_has_atomic_batches_and_msg_ids_where_
         assert all(("Nats-Msg-Id" in h) != atomic for _, subject, _, h in messages if subject.startswith("acopy."))
     finally:
         api.delete_stream("ACOPY")
-        if "KV_spark-jetstream-commits" in api.stream_names():
-            api.delete_stream("KV_spark-jetstream-commits")
+        if "KV_acopy-commits" in api.stream_names():
+            api.delete_stream("KV_acopy-commits")
 
 
 def test_a_group_read_where_the_server_carries_it_and_its_refusal_where_not(spark, versioned_server, tmp_path):

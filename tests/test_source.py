@@ -259,7 +259,7 @@ def _load(spark: SparkSession, **options: str) -> DataFrame:
         ({"stream": "a.b", "group": "g"}, "Option 'stream' has an invalid value 'a.b'"),
         (
             {"stream": "S", "group": "g", "startingPosition": "yesterday"},
-            "expected earliest, latest, group or a stream sequence number",
+            "expected earliest, latest, group, snapshot or a stream sequence number",
         ),
         (
             {"stream": "S", "group": "g", "ackPolicy": "all"},
