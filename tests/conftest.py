@@ -84,6 +84,8 @@ LONGEST_FIRST = (
     "test_first_run.py",
     "test_read_modes.py",
     "test_groupless.py",
+    "test_atomic_writes.py",
+    "test_kv.py",
     "test_leader_changes.py",
     "test_notebooks.py",
     "test_spark_connect.py",
