@@ -324,3 +324,15 @@ def test_a_stream_leader_killed_mid_write_costs_no_row_and_the_query_goes_on(
     finally:
         api.delete_stream("ASRC")
         api.delete_stream("AOUT4")
+
+
+def test_a_msg_id_column_is_refused_with_progress_markers(spark, nats_server, api):
+    out = atomic_target(api, "AOUT5")
+    try:
+        frame = spark.range(0, 3).selectExpr("'aout5.x' AS subject", "string(id) AS data", "string(id) AS msg_id")
+        writer = frame.write.format("jetstream").option("servers", nats_server.url)
+        with pytest.raises(Exception, match="A msg_id column cannot be written with progressSubject"):
+            writer.option("progressSubject", "aout5_progress").mode("append").save()
+        assert api.stream_info(out)["state"]["messages"] == 0
+    finally:
+        api.delete_stream(out)

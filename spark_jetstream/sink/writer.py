@@ -236,6 +236,21 @@ class JetStreamStreamWriter(StreamWriterBase):  # type: ignore[misc,valid-type]
         log.warning("jetstream batch %d aborted: it is published again when the query replays it", batchId)
 
 
+def _progress(conn: Connection, config: SinkConfig, columns: Columns | KvColumns) -> ProgressTarget | None:
+    """Where the write's progress markers go (``sink.atomic``), settled before any task runs. A ``msg_id`` column is
+    refused with them: a duplicate id rejects a whole atomic batch, where the writer without markers drops the row."""
+    if config.bucket:
+        return None
+    progress = progress_target(conn, config.progress_subject, config.atomic_batch_size)
+    if progress is not None and isinstance(columns, Columns) and columns.msg_id is not None:
+        raise OptionError(
+            "A msg_id column cannot be written with progressSubject: the server rejects a whole atomic batch for one "
+            "duplicate id, where a write without markers drops that row. Remove the msg_id column (the markers make "
+            "replays exact at any age), or the progressSubject option."
+        )
+    return progress
+
+
 def _columns(schema: StructType, config: SinkConfig) -> Columns | KvColumns:
     """The columns a write uses: a stream's, or a bucket's (``key``, ``value``, ``revision``)."""
     return check_kv_columns(schema, config.bucket) if config.bucket else check_columns(schema, config)
@@ -249,9 +264,7 @@ def batch_writer(options: Mapping[str, str], schema: StructType, overwrite: bool
         )
     config = SinkConfig.parse(options)
     columns = _columns(schema, config)
-    conn = connect(config.connection)
-    progress = None if config.bucket else progress_target(conn, config.progress_subject, config.atomic_batch_size)
-    return JetStreamBatchWriter(config, columns, progress)
+    return JetStreamBatchWriter(config, columns, _progress(connect(config.connection), config, columns))
 
 
 def stream_writer(options: Mapping[str, str], schema: StructType) -> JetStreamStreamWriter:
@@ -259,7 +272,7 @@ def stream_writer(options: Mapping[str, str], schema: StructType) -> JetStreamSt
     config = SinkConfig.parse(options)
     columns = _columns(schema, config)
     conn = connect(config.connection)
-    progress = None if config.bucket else progress_target(conn, config.progress_subject, config.atomic_batch_size)
+    progress = _progress(conn, config, columns)
     if progress is None:
         ensure_bucket(conn, config.commit_bucket, config.commit_bucket_replicas)
     from pyspark.sql.pandas.types import to_arrow_schema  # needs no pandas (PySpark 4.0-4.3), but is heavy
