@@ -12,6 +12,7 @@ import pytest
 from helpers import query_not_failed, wait_for
 from nats.js.api import KeyValueConfig
 
+from spark_jetstream.client.publish import publish_all
 from spark_jetstream.errors import OptionError
 
 
@@ -221,7 +222,7 @@ def test_a_bucket_s_changes_filtered_by_key(spark, nats_server, bucket, tmp_path
     assert rows == [("group.a", b"admins", "PUT"), ("user.4", b"dee", "PUT")]
 
 
-def test_a_bucket_s_changes_stream_exactly_once_across_a_driver_kill(spark, nats_server, bucket, tmp_path):
+def test_a_bucket_s_changes_stream_exactly_once_across_a_driver_kill(spark, nats_server, api, bucket, tmp_path):
     """The driver SIGKILLed mid-batch and the query restarted on its checkpoint: every change once."""
     import subprocess
     import sys
@@ -231,7 +232,12 @@ def test_a_bucket_s_changes_stream_exactly_once_across_a_driver_kill(spark, nats
 
     name = bucket("killed")
     ops = [("put", f"key.{i}", b"%d" % i) for i in range(3000)] + [("delete", f"key.{i}", None) for i in range(0, 30)]
-    revisions = kv_ops(nats_server.url, name, ops)
+    kv_ops(nats_server.url, name, [])
+    messages = [
+        (f"$KV.{name}.{key}", value or b"", None if op == "put" else {"KV-Operation": "DEL"}) for op, key, value in ops
+    ]
+    published = publish_all(api.conn, messages)  # what kv.put/kv.delete publish, pipelined
+    revisions = list(range(published.first_seq, published.last_seq + 1))
     out, checkpoint = tmp_path / "out", tmp_path / "cp"
     job = Path(__file__).parent / "jobs" / "stream_to_parquet.py"
     args = [sys.executable, str(job), "--servers", nats_server.url, "--bucket", name, "--out", str(out),

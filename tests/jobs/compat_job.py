@@ -10,7 +10,8 @@ python tests/jobs/compat_job.py --servers URL --stream S --group-prefix G --max 
 - ``batch``: a bounded ``spark.read`` of seqs ``(10, 110]``.
 - ``write``: the stream copied into ``PREFIX.<token>`` subjects with its headers by a streaming
   jetstream -> jetstream query (``availableNow``), run twice on one checkpoint (group ``G-copy``); the same into
-  ``aPREFIX.<token>`` with ``progressSubject`` ``aPREFIX_progress`` (atomic batches of 100, group ``G-acopy``).
+  ``aPREFIX.<token>`` with ``progressSubject`` ``aPREFIX_progress`` (atomic batches of 100, group ``G-acopy``), once
+  (replays with markers: tests/test_server_versions.py).
 """
 
 from __future__ import annotations
@@ -83,14 +84,14 @@ def main() -> None:
     bounded = bounded_read(spark, args.servers, args.stream, 11, 110)
     bounded.write.parquet(f"{args.out}/batch/out")
 
-    for name, target, options in (
-        ("copy", args.target, {}),
-        ("acopy", f"a{args.target}", {"progressSubject": f"a{args.target}_progress", "atomicBatchSize": "100"}),
+    for name, target, options, runs in (
+        ("copy", args.target, {}, 2),
+        ("acopy", f"a{args.target}", {"progressSubject": f"a{args.target}_progress", "atomicBatchSize": "100"}, 1),
     ):
         copy = source(name, includeHeaders="true").select(
             F.concat(F.lit(f"{target}."), F.substring_index("subject", ".", -1)).alias("subject"), "data", "headers"
         )
-        for _ in range(2):
+        for _ in range(runs):
             query = (
                 copy.writeStream.format("jetstream")
                 .option("servers", args.servers)
