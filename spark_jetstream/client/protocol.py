@@ -15,17 +15,11 @@ What a bulk handler leaves (a status, an error) goes to the subscription's per-m
 
 from __future__ import annotations
 
-import bisect
-import operator
 import re
-from collections.abc import Callable, Sequence
-from itertools import islice
-from typing import TypeVar
+from collections.abc import Callable
 
 from nats.errors import ProtocolError
 from nats.protocol.parser import AWAITING_CONTROL_LINE, Parser
-
-T = TypeVar("T")
 
 RawHandler = Callable[[bytes, bytes, bytes, bytes | None], None]
 """(subject, reply, payload, header block or None), called on the loop thread."""
@@ -241,24 +235,3 @@ def unreadable_delivery(what: str, reply: bytes) -> str:
         f"{what} got a delivery whose reply subject it cannot read ({reply.decode(errors='replace')!r}); "
         "this nats-server's delivery format is newer than this connector: upgrade spark-jetstream."
     )
-
-
-def in_order(seqs: Sequence[int], last: int, end: int) -> tuple[slice | list[int], bool]:
-    """Which deliveries of a run to keep: those in ``(last, end]`` above every one before them (lower ones are
-    redeliveries), and whether one past ``end`` came (the range is complete; what follows it is not read)."""
-    if all(map(operator.lt, seqs, islice(seqs, 1, None))):  # ascending: the usual run
-        first, stop = bisect.bisect_right(seqs, last), bisect.bisect_right(seqs, end)
-        return slice(first, stop), stop < len(seqs)
-    keep = []
-    for index, seq in enumerate(seqs):
-        if seq > end:
-            return keep, True
-        if seq > last:
-            keep.append(index)
-            last = seq
-    return keep, False
-
-
-def pick(values: list[T], which: slice | list[int]) -> list[T]:
-    """``values[which]`` for ``in_order``'s answer."""
-    return values[which] if isinstance(which, slice) else [values[index] for index in which]

@@ -35,7 +35,6 @@ from spark_jetstream.client.protocol import (
     STATUS_PREFIX,
     BulkHandler,
     deliveries_handler,
-    in_order,
     status_of,
     unreadable_delivery,
 )
@@ -298,9 +297,9 @@ class _ConsumerRead:
         self._counted(len(seqs))
         if self.done:
             return
-        keep, past_end = in_order(seqs, self.last, self.range.end)
-        if (kept := self.batches.extend_run(keep, subjects, payloads, seqs, stamps, headers)) is not None:
-            self.last = kept
+        self.last, past_end = self.batches.extend_in_order(
+            subjects, payloads, seqs, stamps, headers, self.last, self.range.end
+        )
         if past_end or self.last >= self.range.end:
             self._finish()
         elif drained < len(seqs):

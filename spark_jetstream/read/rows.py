@@ -12,17 +12,21 @@ worker, on the way to the first batch).
 from __future__ import annotations
 
 import bisect
+import operator
 from array import array
 from collections import deque
 from collections.abc import Sequence
 from functools import cache
 from itertools import accumulate, islice
+from typing import TypeVar
 
 import pyarrow as pa
 
 from spark_jetstream.client.progress_markers import is_marker
-from spark_jetstream.client.protocol import PIN_HEADER_NAME, header_fields, pick
+from spark_jetstream.client.protocol import PIN_HEADER_NAME, header_fields
 from spark_jetstream.read.row_schema import columns, spark_schema_ddl
+
+T = TypeVar("T")
 
 __all__ = ["HEADERS_TYPE", "RowBatches", "RowBuffer", "arrow_schema", "parse_headers", "spark_schema_ddl"]
 
@@ -292,25 +296,28 @@ class RowBatches:
                 self.rows = RowBuffer()
             first = stop
 
-    def extend_run(
+    def extend_in_order(
         self,
-        keep: slice | list[int],
         subjects: list[bytes],
         payloads: list[memoryview],
         seqs: list[int],
         stamps: list[int],
         headers: list[memoryview | None],
-    ) -> int | None:
-        """The messages ``keep`` picks from a run of deliveries (``protocol.in_order``); the last one's seq, or None
-        when it picks none. ``headers`` holds each one's header block where the read keeps headers."""
-        kept = pick(seqs, keep)
+        last: int,
+        end: int,
+    ) -> tuple[int, bool]:
+        """A run of deliveries into the rows: those in ``(last, end]`` above every one before them (lower ones are
+        redeliveries). Returns the last seq kept (``last`` when none) and whether one past ``end`` came (the range
+        is complete; what follows it is not read). ``headers`` holds each one's header block where kept."""
+        keep, past_end = _in_order(seqs, last, end)
+        kept = _pick(seqs, keep)
         if not kept:
-            return None
+            return last, past_end
         blocks = None
         if self.keep_headers:
-            blocks = [None if block is None else bytes(block) for block in pick(headers, keep)]
-        self.extend(pick(subjects, keep), pick(payloads, keep), kept, pick(stamps, keep), blocks)
-        return kept[-1]
+            blocks = [None if block is None else bytes(block) for block in _pick(headers, keep)]
+        self.extend(_pick(subjects, keep), _pick(payloads, keep), kept, _pick(stamps, keep), blocks)
+        return kept[-1], past_end
 
     def flush(self) -> None:
         """The rows collected so far become a batch of their own (the read is complete)."""
@@ -322,3 +329,23 @@ class RowBatches:
         """Rows and bytes waiting for the caller."""
         waiting = [self.rows, *self.ready]
         return sum(len(rows) for rows in waiting), sum(rows.nbytes for rows in waiting)
+
+
+def _in_order(seqs: Sequence[int], last: int, end: int) -> tuple[slice | list[int], bool]:
+    """Which of a run's seqs ``extend_in_order`` keeps, and whether one past ``end`` came."""
+    if all(map(operator.lt, seqs, islice(seqs, 1, None))):  # ascending: the usual run
+        first, stop = bisect.bisect_right(seqs, last), bisect.bisect_right(seqs, end)
+        return slice(first, stop), stop < len(seqs)
+    keep = []
+    for index, seq in enumerate(seqs):
+        if seq > end:
+            return keep, True
+        if seq > last:
+            keep.append(index)
+            last = seq
+    return keep, False
+
+
+def _pick(values: list[T], which: slice | list[int]) -> list[T]:
+    """``values[which]`` for ``_in_order``'s answer."""
+    return values[which] if isinstance(which, slice) else [values[index] for index in which]

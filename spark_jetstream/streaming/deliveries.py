@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from spark_jetstream.client.protocol import PIN_HEADER, BulkHandler, deliveries_handler, header_value, in_order
+from spark_jetstream.client.protocol import PIN_HEADER, BulkHandler, deliveries_handler, header_value
 from spark_jetstream.read.rows import RowBatches, RowBuffer
 
 if TYPE_CHECKING:
@@ -71,11 +71,12 @@ class Deliveries:
             self.pin_id = header_value(bytes(block), PIN_HEADER)
         if self.done:
             return
-        keep, past_end = in_order(seqs[: drained + 1], self.last_seq, self.member.end)  # none after it is read
-        if (kept := self.batches.extend_run(keep, subjects, payloads, seqs, stamps, headers)) is not None:
-            self.last_seq = kept
-            if self.batches.ready:
-                self.wakeup.set()
+        batches = self.batches
+        self.last_seq, past_end = batches.extend_in_order(  # none after the drained one is read
+            subjects, payloads, seqs[: drained + 1], stamps, headers, self.last_seq, self.member.end
+        )
+        if batches.ready:
+            self.wakeup.set()
         if past_end or self.last_seq >= self.member.end or drained < len(seqs):
             self.finish()
 
