@@ -115,12 +115,21 @@ def direct_get(api: JetStreamApi, stream: str, request: dict[str, Any]) -> Direc
 
 
 async def direct_get_async(api: JetStreamApi, stream: str, request: dict[str, Any]) -> DirectMessage | None:
+    """``direct_get`` on the connection's loop: the last message a batched request answers."""
+    found = await direct_gets_async(api, stream, request)
+    return found[-1] if found else None
+
+
+async def direct_gets_async(api: JetStreamApi, stream: str, request: dict[str, Any]) -> list[DirectMessage]:
+    """Every message one Direct Get request answers (one without ``batch``/``multi_last``, else up to the end of the
+    batch)."""
     subject = f"{api.prefix}.DIRECT.GET.{stream}"
     inbox = api.conn.client.new_inbox()
     sub = await api.conn.client.subscribe(inbox)
+    batched = "batch" in request or "multi_last" in request
     try:
         await api.conn.client.publish(subject, json.dumps(request).encode(), reply=inbox)
-        found: DirectMessage | None = None
+        found: list[DirectMessage] = []
         wait = max(api.conn.options.connect_timeout, 5.0)
         while True:
             try:
@@ -143,14 +152,16 @@ async def direct_get_async(api: JetStreamApi, stream: str, request: dict[str, An
             if status:
                 raise ApiError(f"Direct Get on stream {stream!r}: {status} {headers.get('Description', '')}")
             pending = headers.get("Nats-Num-Pending")
-            found = DirectMessage(
-                seq=int(headers["Nats-Sequence"]),
-                subject=headers.get("Nats-Subject", ""),
-                num_pending=int(pending) if pending is not None else None,
-                data=msg.data,
-                headers=dict(headers),
+            found.append(
+                DirectMessage(
+                    seq=int(headers["Nats-Sequence"]),
+                    subject=headers.get("Nats-Subject", ""),
+                    num_pending=int(pending) if pending is not None else None,
+                    data=msg.data,
+                    headers=dict(headers),
+                )
             )
-            if "batch" not in request:
+            if not batched:
                 return found
     finally:
         await sub.unsubscribe()
@@ -159,31 +170,6 @@ async def direct_get_async(api: JetStreamApi, stream: str, request: dict[str, An
 def last_seqs(conn: Connection, stream: str, subjects: list[str], up_to_seq: int) -> dict[str, int]:
     """The seq of the last message up to ``up_to_seq`` on each of ``subjects`` (at most 1,024) that has one: one
     Direct Get ``multi_last`` (nats-server 2.11+)."""
-    return conn.run(_last_seqs(conn, stream, subjects, up_to_seq))
-
-
-async def _last_seqs(conn: Connection, stream: str, subjects: list[str], up_to_seq: int) -> dict[str, int]:
-    api = JetStreamApi(conn)
-    client = conn.client
-    inbox = client.new_inbox()
-    sub = await client.subscribe(inbox)
     request = {"multi_last": subjects, "up_to_seq": up_to_seq, "batch": len(subjects)}
-    found: dict[str, int] = {}
-    try:
-        await client.publish(f"{api.prefix}.DIRECT.GET.{stream}", json.dumps(request).encode(), reply=inbox)
-        while True:
-            try:
-                msg = await sub.next_msg(timeout=max(conn.options.connect_timeout, 5.0))
-            except NatsTimeoutError:
-                raise ApiError(
-                    f"Direct Get of the last messages of {len(subjects)} subjects of {stream!r}: no answer"
-                ) from None
-            headers = msg.headers or {}
-            status = headers.get("Status")
-            if status in ("204", "404"):
-                return found
-            if status:
-                raise ApiError(f"Direct Get on stream {stream!r}: {status} {headers.get('Description', '')}")
-            found[headers["Nats-Subject"]] = int(headers["Nats-Sequence"])
-    finally:
-        await sub.unsubscribe()
+    found = conn.run(direct_gets_async(JetStreamApi(conn), stream, request))
+    return {message.subject: message.seq for message in found}
