@@ -31,6 +31,11 @@ def kv_stream(bucket: str) -> str:
     return f"KV_{bucket}"
 
 
+def key_prefix(bucket: str) -> str:
+    """What a key's subject starts with: ``$KV.<bucket>.``."""
+    return f"$KV.{bucket}."
+
+
 def bucket_read(values: dict[str, Any]) -> dict[str, Any]:
     """Parsed read options with ``bucket``: a read of its stream, of the keys' subjects, with headers (the operation
     is in them); the options as they were without."""
@@ -58,7 +63,7 @@ def kv_arrow_schema() -> pa.Schema:
 
 def kv_subjects(bucket: str, keys: Sequence[str] | None) -> tuple[str, ...]:
     """The stream subjects of ``keys`` (key filters with ``*``/``>`` over the key's tokens; all keys when None)."""
-    return tuple(f"$KV.{bucket}.{key}" for key in (keys or (">",)))
+    return tuple(key_prefix(bucket) + key for key in (keys or (">",)))
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,7 @@ class KvView:
 
     @property
     def prefix(self) -> str:
-        return f"$KV.{self.bucket}."
+        return key_prefix(self.bucket)
 
 
 def table_view(conn: Connection, bucket: str, stream_config: dict[str, Any], as_of: int) -> KvView:

@@ -27,6 +27,7 @@ from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.messages import last_message_async
 from spark_jetstream.client.publish import EXPECTED_SUBJECT_SEQ_HEADER, MSG_ID_HEADER, PublishError
 from spark_jetstream.errors import SchemaError
+from spark_jetstream.read.kv import key_prefix, kv_stream
 from spark_jetstream.read.rows import binary_array
 from spark_jetstream.sink.config import Columns, SinkConfig
 from spark_jetstream.sink.publishing import publish_rows
@@ -91,13 +92,19 @@ def publish_kv(
     batches: Iterator[pa.RecordBatch],
     id_prefix: str,
 ) -> tuple[int, int]:
-    """Publish a task's rows to ``config.bucket``: runs of rows without a revision pipelined (``publish_rows``),
-    each compare-and-set row on its own; returns (messages stored, of which duplicates)."""
+    """Publish a task's rows to ``config.bucket``, pipelined (``publish_rows``); with a ``revision`` column each
+    compare-and-set row on its own, between the pipelined runs of the others. Returns (messages stored, of which
+    duplicates)."""
     assert config.bucket is not None
+    if columns.revision is None:  # no compare-and-set: the task's rows pipelined as any write's
+        try:
+            return publish_rows(conn, config, WRITE_COLUMNS, kv_batches(batches, columns, config.bucket), id_prefix)
+        except PublishError as exc:
+            raise kv_failure(exc, config.bucket) from None
     stored = duplicates = 0
     first = 0  # the task's row number of the batch's first row: msg ids number the task's rows
     for batch in kv_batches(batches, columns, config.bucket):
-        revisions = batch.column(3).is_valid().to_pylist() if batch.num_columns > 3 else [False] * batch.num_rows
+        revisions = batch.column(3).is_valid().to_pylist()
         start = 0
         while start < batch.num_rows:
             stop = start
@@ -139,16 +146,16 @@ def _compare_and_set(conn: Connection, config: SinkConfig, row: pa.RecordBatch, 
         return int(bool(ack.get("duplicate")))
     error = ack["error"]
     if error.get("err_code") == WRONG_LAST_SEQUENCE and config.deduplicate:
-        last = conn.run(last_message_async(JetStreamApi(conn), f"KV_{config.bucket}", subject))
+        last = conn.run(last_message_async(JetStreamApi(conn), kv_stream(config.bucket), subject))
         if last is not None and last.headers.get(MSG_ID_HEADER) == msg_id:
             return 1  # this row's own earlier store
     reason = f"{error.get('description')} (error {error.get('err_code')})"
-    raise kv_failure(PublishError(f"Publishing to {subject!r} failed: {reason}"), config.bucket or "")
+    raise kv_failure(PublishError(f"Publishing to {subject!r} failed: {reason}"), config.bucket)
 
 
 def kv_batches(batches: Iterator[pa.RecordBatch], columns: KvColumns, bucket: str) -> Iterator[pa.RecordBatch]:
     """The bucket's messages of a task's rows: ``subject, data, headers`` (``WRITE_COLUMNS``)."""
-    prefix = f"$KV.{bucket}."
+    prefix = key_prefix(bucket)
     for batch in batches:
         keys = batch.column(columns.key).cast(pa.string())
         bad = pc.invert(pc.fill_null(pc.match_substring_regex(keys, KEY_PATTERN), False))
