@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from spark_jetstream.client.connection import Connection
+from spark_jetstream.client.nats_client import RawClient
 from spark_jetstream.client.protocol import HEADER_START, STATUS_PREFIX, BulkHandler, run_pattern, status_line
 from spark_jetstream.errors import JetStreamError
 
@@ -92,6 +93,13 @@ def command(subject: bytes, reply: bytes, payload: bytes, headers: bytes | None)
         return b"PUB %b %b %d\r\n%b\r\n" % (subject, reply, len(payload), payload)
     size = len(headers)
     return b"HPUB %b %b %d %d\r\n%b%b\r\n" % (subject, reply, size, size + len(payload), headers, payload)
+
+
+def queue_commands(client: RawClient, commands: bytes | memoryview) -> None:
+    """Ready ``PUB``/``HPUB`` commands onto the connection's write buffer: what ``Client.publish`` does, minus its
+    per-message subject check and header encoding (the caller validated subjects and built the commands)."""
+    client._pending.append(commands)
+    client._pending_data_size += len(commands)
 
 
 class Publisher:
@@ -170,14 +178,11 @@ class Publisher:
         client = self.conn.client
         if client.is_closed:
             raise PublishError(f"The connection to {self.conn.server_url} is closed: publishing stopped.")
-        # What Client.publish does, minus its per-message subject check and header encoding:
-        # the caller validated subjects and built the whole commands already.
         self.outstanding += count
         self.sent += count
         self.outstanding_bytes += size
         self._sends.append((self.sent, size))
-        client._pending.append(commands)
-        client._pending_data_size += size
+        queue_commands(client, commands)
         if client._flush_queue is not None and client._flush_queue.empty():
             await client._flush_pending()
 

@@ -46,6 +46,7 @@ from spark_jetstream.client.publish import (
     PublishError,
     command,
     header_block,
+    queue_commands,
 )
 from spark_jetstream.errors import OptionError
 from spark_jetstream.sink.publishing import Commands, value_range
@@ -78,8 +79,9 @@ def progress_target(conn: Connection, prefix: str | None, max_messages: int) -> 
     stream captures is refused."""
     if prefix is None:
         return _within_window("no progressSubject")
+    api = JetStreamApi(conn)
     probe = marker_subject(prefix, "0", 0)
-    streams = JetStreamApi(conn).stream_names(probe)
+    streams = api.stream_names(probe)
     if not streams:
         raise OptionError(
             f"progressSubject {prefix!r}: no stream captures {probe!r}, where the writer's progress markers go. Add "
@@ -89,7 +91,7 @@ def progress_target(conn: Connection, prefix: str | None, max_messages: int) -> 
     if not conn.supports(ATOMIC_BATCHES):
         shown = ".".join(map(str, conn.server_version))
         return _within_window(f"the server runs nats-server {shown}; atomic batches need 2.12")
-    config = JetStreamApi(conn).stream_info(stream)["config"]
+    config = api.stream_info(stream)["config"]
     if not config.get("allow_atomic"):
         return _within_window(f"stream {stream!r} does not allow atomic batches (allow_atomic: true)")
     return ProgressTarget(stream, prefix, max_messages)
@@ -358,11 +360,9 @@ class AtomicWriter:
             EXPECTED_SUBJECT_SEQ_HEADER: str(expected),
         }
         parts.append(command(self.subject.encode(), commit, marker.body(), header_block(headers)))
-        client = self.conn.client
         for part in parts:
-            client._pending.append(part)
-            client._pending_data_size += len(part)
-        await client._flush_pending()
+            queue_commands(self.conn.client, part)
+        await self.conn.client._flush_pending()
         try:
             answer = await asyncio.wait_for(answers[commit], wait)
         except TimeoutError:

@@ -165,10 +165,10 @@ class Coordinator:
     def initial(self) -> Watermark:
         """Where a new query starts (no checkpoint yet)."""
         fault_point("initial")  # a new query, nothing in its checkpoint yet
-        state = self.state()  # read at most STREAM_INFO_INTERVAL ago: made with the coordinator, just now
-        config = self.config
         if self.snapshot:
             return self.watermark(0)  # the first batch, (0, last], is the bucket's latest values
+        state = self.state()  # read at most STREAM_INFO_INTERVAL ago: made with the coordinator, just now
+        config = self.config
         return self.watermark(
             start_after(
                 self.api,
