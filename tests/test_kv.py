@@ -4,12 +4,10 @@ with nats-py's KV API (as an application makes them)."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterator
 
 import nats
 import pytest
-from helpers import query_not_failed, wait_for
 from nats.js.api import KeyValueConfig
 
 from spark_jetstream.client.publish import publish_all
@@ -267,7 +265,7 @@ def test_options_of_a_stream_are_refused_with_a_bucket(spark, nats_server):
 
 
 def test_option_rules_for_buckets():
-    from spark_jetstream.options import BATCH, parse_options
+    from spark_jetstream.options import BATCH, STREAM, parse_options
 
     with pytest.raises(OptionError, match="Option 'bucket' and option 'stream' are both set"):
         parse_options({"stream": "S", "bucket": "b"}, BATCH)
@@ -275,8 +273,11 @@ def test_option_rules_for_buckets():
         parse_options({}, BATCH)
     with pytest.raises(OptionError, match="Option 'subjects' does not apply to a KV bucket's rows .*use keys"):
         parse_options({"bucket": "b", "subjects": "a.>"}, BATCH)
-    time.sleep(0)  # keep imports used
-    assert wait_for and query_not_failed
+    with pytest.raises(OptionError, match="startingPosition=snapshot applies to spark.readStream of a bucket"):
+        parse_options({"bucket": "b", "startingPosition": "snapshot"}, BATCH)
+    with pytest.raises(OptionError, match="startingPosition=snapshot applies to a KV bucket's changes"):
+        parse_options({"stream": "S", "startingPosition": "snapshot"}, STREAM)
+    assert parse_options({"bucket": "b", "startingPosition": "snapshot"}, STREAM)["startingPosition"] == "snapshot"
 
 
 # -- writing a bucket ---------------------------------------------------------------------------

@@ -56,7 +56,7 @@ def parse_options(raw: Mapping[str, str], allowed: str | frozenset[str] | Iterab
             hint = f" Did you mean {by_lower[close[0].lower()].name!r}?" if close else ""
             raise OptionError(f"Unknown option {key!r}.{hint} Valid options: {', '.join(sorted(names))}.")
         values[option.name] = option.convert(str(raw_value))
-    _check_combinations(values, given)
+    _check_combinations(values, given, modes)
     return values
 
 
@@ -71,14 +71,14 @@ _EXCLUSIVE = (("startingPosition", "startingTimestamp"), ("endingPosition", "end
 """Pairs of options that say the same thing two ways: a read takes one of each."""
 
 
-def _check_combinations(values: dict[str, Any], given: set[str]) -> None:
+def _check_combinations(values: dict[str, Any], given: set[str], modes: frozenset[str]) -> None:
     """The rules between options. A pull's expiry must stay under half the pin's timeout (or the pin lapses between
     pulls), and its heartbeat must fit twice into it (the server refuses it otherwise): an explicit value that does
     not is refused, a default drops (to a quarter of ``priorityTimeout``, to half of ``pullExpires``)."""
     for first, second in _EXCLUSIVE:
         if first.lower() in given and second.lower() in given:
             raise OptionError(f"Set {first} or {second}, not both.")
-    _check_bucket(values, given)
+    _check_bucket(values, given, modes)
     if "group" in values and not values["group"]:
         if values.get("startingPosition") == "group":
             raise OptionError("startingPosition=group needs the group option: whose ack floor would it start at?")
@@ -128,7 +128,7 @@ _NOT_WITH_BUCKET = ("group", "subjects", "includeHeaders", "progressSubject", "s
 """Options of a stream's reads and writes that a bucket's do not take (its rows have columns of their own)."""
 
 
-def _check_bucket(values: dict[str, Any], given: set[str]) -> None:
+def _check_bucket(values: dict[str, Any], given: set[str], modes: frozenset[str]) -> None:
     """A read names a stream or a KV bucket; options only a bucket's reads take need ``bucket``, and a bucket's
     reads and writes refuse those of a stream's."""
     if "stream" in values and not values["stream"] and not values.get("bucket"):
@@ -144,7 +144,7 @@ def _check_bucket(values: dict[str, Any], given: set[str]) -> None:
         if snapshot:
             raise OptionError("startingPosition=snapshot applies to a KV bucket's changes: set the bucket option.")
         return
-    if snapshot and "includeHistory" in values and "maxMessagesPerTrigger" not in values:  # a batch read's options
+    if snapshot and modes == {BATCH}:
         raise OptionError(
             "startingPosition=snapshot applies to spark.readStream of a bucket (its latest values, then its changes): "
             "a batch read of a bucket gives its latest values by itself."
