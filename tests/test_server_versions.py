@@ -169,6 +169,23 @@ def test_batch_reads_with_a_subjects_filter(spark, versioned_server):
         assert _rows(df.option("subjects", wanted).load()) == _expected(stream, kinds=("orders", "refunds"))
 
 
+def _copy_with_a_replay(spark, server, prefix: str, tmp_path, **options: str) -> None:
+    """Copy stream PLAIN into ``<prefix>.<subject>`` with the jetstream writer (``options``), then again after the
+    last batch's commit was lost: Spark runs that batch again."""
+    source = _stream(spark, server, "PLAIN", maxMessagesPerTrigger=1000)
+    copy = source.selectExpr(f"concat('{prefix}.', subject) AS subject", "data")
+    for replay in (False, True):
+        if replay:
+            commits = tmp_path / "cp" / "commits"
+            last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+            (commits / str(last)).unlink()
+            (commits / f".{last}.crc").unlink(missing_ok=True)
+        writer = copy.writeStream.format("jetstream").option("servers", server.url).options(**options)
+        query = writer.option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start()
+        query.awaitTermination(120)
+        assert query.exception() is None, query.exception()
+
+
 def test_an_exactly_once_write_with_a_replayed_batch(spark, versioned_server, tmp_path):
     """The write's message ids and committed-batch markers (a KV bucket) on each release: a batch Spark replays after
     a crash between the sink's commit and its commit-log entry is stored once."""
@@ -176,23 +193,7 @@ def test_an_exactly_once_write_with_a_replayed_batch(spark, versioned_server, tm
     api = _api(server)
     api.create_stream({"name": "COPY", "subjects": ["copy.>"]})
     try:
-        source = _stream(spark, server, "PLAIN", maxMessagesPerTrigger=1000)
-        copy = source.selectExpr("concat('copy.', subject) AS subject", "data")
-        for replay in (False, True):
-            if replay:  # the last batch's commit lost: Spark runs it again
-                commits = tmp_path / "cp" / "commits"
-                last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
-                (commits / str(last)).unlink()
-                (commits / f".{last}.crc").unlink(missing_ok=True)
-            query = (
-                copy.writeStream.format("jetstream")
-                .option("servers", server.url)
-                .option("checkpointLocation", str(tmp_path / "cp"))
-                .trigger(availableNow=True)
-                .start()
-            )
-            query.awaitTermination(120)
-            assert query.exception() is None, query.exception()
+        _copy_with_a_replay(spark, server, "copy", tmp_path)
         copied = sorted((subject, data) for _, subject, data, _ in stored(api, "COPY"))
         assert copied == sorted((f"copy.{subject}", data) for _, subject, data in _expected("PLAIN"))
     finally:
@@ -207,25 +208,8 @@ def test_progress_markers_where_the_server_has_atomic_batches_and_msg_ids_where_
     api = _api(server)
     api.create_stream({"name": "ACOPY", "subjects": ["acopy.>", "acopyp.>"], "allow_atomic": True})
     try:
-        source = _stream(spark, server, "PLAIN", maxMessagesPerTrigger=1000)
-        copy = source.selectExpr("concat('acopy.', subject) AS subject", "data")
-        for replay in (False, True):
-            if replay:
-                commits = tmp_path / "cp" / "commits"
-                last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
-                (commits / str(last)).unlink()
-                (commits / f".{last}.crc").unlink(missing_ok=True)
-            query = (
-                copy.writeStream.format("jetstream")
-                .option("servers", server.url)
-                .option("progressSubject", "acopyp")
-                .option("commitBucket", "acopy-commits")  # before 2.12 the writer with ids and this bucket
-                .option("checkpointLocation", str(tmp_path / "cp"))
-                .trigger(availableNow=True)
-                .start()
-            )
-            query.awaitTermination(120)
-            assert query.exception() is None, query.exception()
+        # before 2.12 the writer with ids, and a commit bucket of its own
+        _copy_with_a_replay(spark, server, "acopy", tmp_path, progressSubject="acopyp", commitBucket="acopy-commits")
         messages = stored(api, "ACOPY")
         copied = sorted((subject, data) for _, subject, data, _ in messages if subject.startswith("acopy."))
         assert copied == sorted((f"acopy.{subject}", data) for _, subject, data in _expected("PLAIN"))
