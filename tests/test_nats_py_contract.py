@@ -27,10 +27,11 @@ CLIENT_ATTRIBUTES = {
     "_ps": "nats_client.RawClient.__init__ swaps in protocol.FastParser (the lean MSG/HMSG parser)",
     "_subs": "connection.Connection.unsubscribe_raw (sid -> Subscription)",
     "_current_server": "nats_client.RawClient._connect_command, _tls_active (the URL being connected to)",
-    "_transport": "nats_client.RawClient._tls_active (is the connection TLS?)",
+    "_transport": "nats_client.RawClient._tls_active (is the connection TLS?), _read_loop (reads), _gather (pauses)",
     "_pending": "publish.Publisher.send (appends whole PUB/HPUB commands to the write buffer)",
     "_pending_data_size": "publish.Publisher.send (counts the bytes it appended)",
     "_flush_queue": "publish.Publisher.send (kicks the flusher when it is idle)",
+    "_error_cb": "nats_client.RawClient._read_loop reports an unexpected end of the socket to it",
 }
 
 CLIENT_METHODS = {
@@ -42,6 +43,8 @@ CLIENT_METHODS = {
         "nats_client.RawClient overrides it; protocol.FastParser calls it for other subscriptions",
     ),
     "_flush_pending": (["force_flush"], "publish.Publisher.send calls it with no argument"),
+    "_read_loop": ([], "nats_client.RawClient overrides it (larger reads, bulk reads gather short ones)"),
+    "_process_op_err": (["e"], "nats_client.RawClient._read_loop hands it a lost connection (the reconnect)"),
 }
 
 SOURCE_FACTS = [
@@ -65,10 +68,28 @@ SOURCE_FACTS = [
         "nats_client.RawClient._connect_command",
     ),
     (
+        Client._process_connect_init,
+        "create_task(self._read_loop())",
+        "the connect and every reconnect start the read loop through self, so RawClient's override is the one run",
+        "nats_client.RawClient._read_loop",
+    ),
+    (
         Client._read_loop,
-        "await self._ps.parse(b)",
-        "every read goes through self._ps, so the parser swapped in __init__ sees all data",
-        "nats_client.RawClient.__init__",
+        "await self._process_op_err(err)",
+        "nats-py hands an unexpected end of the socket to the reconnect (after the error callback), as ours does",
+        "nats_client.RawClient._read_loop",
+    ),
+    (
+        Client._read_loop,
+        "except errors.ProtocolError:",
+        "nats-py reconnects on a protocol error, as ours does",
+        "nats_client.RawClient._read_loop",
+    ),
+    (
+        Client._read_loop,
+        "except OSError as e:",
+        "nats-py reconnects on a socket error, as ours does",
+        "nats_client.RawClient._read_loop",
     ),
     (
         Client._send_command,

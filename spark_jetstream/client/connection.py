@@ -153,23 +153,31 @@ class Connection:
         return self.options.api_timeout
 
     async def subscribe_raw(
-        self, handler: RawHandler, subject: str | None = None, bulk: Callable[[int], BulkHandler] | None = None
+        self,
+        handler: RawHandler,
+        subject: str | None = None,
+        bulk: Callable[[int], BulkHandler] | None = None,
+        gather: bool = False,
     ) -> tuple[str, int]:
         """Subscribe ``subject`` (default: a new inbox); its messages go to ``handler`` on the loop thread.
 
         ``bulk(sid)`` makes a bulk handler that takes runs of the messages first (``protocol``);
-        what it leaves goes to ``handler``.
+        what it leaves goes to ``handler``. ``gather``: a bulk read, whose many small messages are cheaper read
+        in fewer, larger reads (``RawClient._read_loop``): never for replies someone waits on one by one.
         """
         subject = subject or self.client.new_inbox()
         sub = await self.client.subscribe(subject)
         self.client.raw_handlers[sub._id] = handler
         if bulk is not None:
             self.client.bulk_handlers[sub._id] = bulk(sub._id)
+        if gather:
+            self.client.gathering.add(sub._id)
         return subject, sub._id
 
     async def unsubscribe_raw(self, sid: int) -> None:
         self.client.raw_handlers.pop(sid, None)
         self.client.bulk_handlers.pop(sid, None)
+        self.client.gathering.discard(sid)
         sub = self.client._subs.get(sid)
         if sub is not None and not self.client.is_closed:
             await sub.unsubscribe()

@@ -151,7 +151,7 @@ class _DirectReader:
         self.done = False
 
     async def open(self) -> None:
-        self.inbox, self.sid = await self.conn.subscribe_raw(self._on_message, bulk=self._bulk)
+        self.inbox, self.sid = await self.conn.subscribe_raw(self._on_message, bulk=self._bulk, gather=True)
 
     async def close(self) -> None:
         if self.sid is not None:
