@@ -79,6 +79,9 @@ def run(suite: Suite) -> None:
             if name not in best or seconds < best[name][0]:
                 best[name] = (seconds, cpu)
     print_rows([(name, n, seconds, None, cpu) for name, (seconds, cpu) in best.items()])
+    for name, (_, cpu) in best.items():  # the client's CPU is what a reader costs where the server is elsewhere
+        client, server = (cpu.seconds[kind] / n * 1e6 for kind in ("this process", "nats-server"))
+        print(f"  {name}: client CPU {client:.2f} us/msg, nats-server {server:.2f} us/msg")
     raw_name, connector_name = contenders
     raw, connector = rate(n, best[raw_name][0]), rate(n, best[connector_name][0])
     suite.summary.append(
