@@ -259,18 +259,26 @@ def _report(suite: Suite, rows: list[Row]) -> None:
             count = row.rate * row.seconds
             per = [row.cpu.seconds[kind] / count * 1e6 for kind in KINDS]
             print(f"  {row.shape:<31} {row.what:<30} " + " ".join(f"{v:>14.2f}" for v in per) + f" {sum(per):>6.2f}")
-    print("  Streaming queries, where the time went (s; Spark's durationMs summed over the batches):")
+    print(
+        "  Streaming queries, where the time went (s; Spark's durationMs summed over the batches; 'read ratio':\n"
+        "  rows over addBatch seconds against the read's reference: the ratio without the query's start and stop):"
+    )
     names = ("latestOffset", "queryPlanning", "addBatch", "walCommit", "commitOffsets")
     print(
-        f"  {'shape':<31} {'read':<30} {'wall':>6} {'batches':>7} {'outside':>7} " + " ".join(f"{n:>13}" for n in names)
+        f"  {'shape':<31} {'read':<30} {'wall':>6} {'batches':>7} {'outside':>7} "
+        + " ".join(f"{n:>13}" for n in names)
+        + f" {'read ratio':>10}"
     )
     for row in rows:
         if row.phases:
             ph = row.phases
             outside = row.seconds - ph.get("triggerExecution", 0) / 1000
+            adding = ph.get("addBatch", 0) / 1000
+            read_ratio = f"{row.rate * row.seconds / adding / row.reference:.2f}" if adding and row.reference else "-"
             print(
                 f"  {row.shape:<31} {row.what:<30} {row.seconds:>6.2f} {ph['batches']:>7.0f} {outside:>7.2f} "
                 + " ".join(f"{ph.get(n, 0) / 1000:>13.2f}" for n in names)
+                + f" {read_ratio:>10}"
             )
     seconds = {(row.shape, row.what): row.seconds for row in rows}
     slower = [  # a streaming read's time over the batch read's of the same shape and mode
