@@ -16,7 +16,8 @@ the same run on the same data:
   reference of streaming reads; reading ``>`` in one process: of batch reads, one task reading ``>`` here; and
   ``>`` in 2 contiguous seq slices, one per process: of ``minPartitions`` reads (decision 0017);
 * ``raw pull``: ``raw_pull`` draining the member consumers the ``readMode=pull`` streaming read created, in
-  2 processes (as ``local[2]`` runs 2 tasks);
+  2 processes (as ``local[2]`` runs 2 tasks); on a stream without Direct Get also ``raw_pull`` on 2 ephemeral
+  AckNone consumers of contiguous seq slices, one per process: the reference of ``minPartitions`` reads there;
 * Spark's ceiling: a Python source with the connector's schema that does no I/O (``noio``), 8 partitions,
   streaming and batch.
 
@@ -37,7 +38,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from common import KINDS, MASTER_ENV, PROCESSES_ENV, Cpu, heading
+from common import KINDS, MASTER_ENV, PROCESSES_ENV, Cpu, heading, processes
 from noio import noio_source
 from raw_direct import run_direct_parallel
 from raw_pull import run_baseline_parallel, run_slices_parallel
@@ -96,6 +97,7 @@ class Row:
     cpu: Cpu | None
     reference: float | None = None  # the lower of the path's raw loop and Spark's ceiling
     phases: dict[str, float] | None = None  # a streaming read's durationMs summed over its batches
+    raw: float | None = None  # the path's raw loop, rows/s
 
     @property
     def ratio(self) -> float | None:
@@ -169,15 +171,19 @@ def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]
         for _ in range(ROUNDS)
     )
     raw["pull"] = (count / seconds, f"raw pull ({len(consumers)} consumers)")
+    if not shape.direct:  # minPartitions reads slices through consumers of their own: so does its raw loop
+        seconds = min(_raw_slices(suite, processes(), count) for _ in range(ROUNDS))
+        raw["slices"] = (count / seconds, f"raw pull ({processes()} slice consumers)")
     out = [Row(shape.name, what, rate, count / rate, None) for rate, what in raw.values()]
     for what, (seconds, cpu, phases) in timed.items():
         kind, mode = what.split(" ", 1)
         path = "pull" if mode == "readMode=pull" or not shape.direct else "direct"
-        if path == "direct" and mode.startswith("minPartitions="):
-            path = "slices"  # cut by seq, a stream that is all the group's is read with '>' (decision 0017)
+        if mode.startswith("minPartitions=") and "slices" in raw:
+            path = "slices"  # cut by seq: '>' with Direct Get (decision 0017), else slice consumers (decision 0021)
         elif path == "direct" and kind == "batch" and "whole" in raw:
             path = "whole"  # a batch read of a stream that is all the group's: '>' in one task (under 1,000,000 seqs)
-        out.append(Row(shape.name, what, count / seconds, seconds, cpu, min(raw[path][0], ceiling[kind]), phases))
+        reference = min(raw[path][0], ceiling[kind])
+        out.append(Row(shape.name, what, count / seconds, seconds, cpu, reference, phases, raw[path][0]))
     return out
 
 
@@ -261,7 +267,7 @@ def _report(suite: Suite, rows: list[Row]) -> None:
             print(f"  {row.shape:<31} {row.what:<30} " + " ".join(f"{v:>14.2f}" for v in per) + f" {sum(per):>6.2f}")
     print(
         "  Streaming queries, where the time went (s; Spark's durationMs summed over the batches; 'read ratio':\n"
-        "  rows over addBatch seconds against the read's reference: the ratio without the query's start and stop):"
+        "  the rows over the addBatch seconds against the path's raw loop: without the query's start and stop):"
     )
     names = ("latestOffset", "queryPlanning", "addBatch", "walCommit", "commitOffsets")
     print(
@@ -274,7 +280,7 @@ def _report(suite: Suite, rows: list[Row]) -> None:
             ph = row.phases
             outside = row.seconds - ph.get("triggerExecution", 0) / 1000
             adding = ph.get("addBatch", 0) / 1000
-            read_ratio = f"{row.rate * row.seconds / adding / row.reference:.2f}" if adding and row.reference else "-"
+            read_ratio = f"{row.rate * row.seconds / adding / row.raw:.2f}" if adding and row.raw else "-"
             print(
                 f"  {row.shape:<31} {row.what:<30} {row.seconds:>6.2f} {ph['batches']:>7.0f} {outside:>7.2f} "
                 + " ".join(f"{ph.get(n, 0) / 1000:>13.2f}" for n in names)
