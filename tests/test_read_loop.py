@@ -1,5 +1,5 @@
-"""The connection's read loop (``RawClient._read_loop``): a bulk read gathers short reads into larger ones, and the
-loop still hands a lost connection to nats-py's reconnect."""
+"""The connection's read loop (``RawClient._read_loop``): a bulk read owed many messages gathers short reads into
+larger ones, and the loop still hands a lost connection to nats-py's reconnect."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from helpers import wait_for
 
 from spark_jetstream.client.connection import Connection, ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.client.nats_client import GATHER_OWED
 from spark_jetstream.tools.embedded import EmbeddedServer
 
 MESSAGES = 100
@@ -51,10 +52,12 @@ def trickle(port: int, subject: str) -> None:
         sock.recv(4096)  # PONG: the server has every message
 
 
-def read_trickle(conn: Connection, port: int, gather: bool) -> list[int]:
-    """The reads it took a subscription (``gather`` or not) to get a trickle of messages; checks they all came."""
+def read_trickle(conn: Connection, port: int, owed: int | None) -> list[int]:
+    """The reads it took a subscription to get a trickle of messages, the subscription saying it is ``owed`` that
+    many messages (None: not a bulk read); checks they all came in order."""
     got: list[bytes] = []
-    inbox, sid = conn.run(conn.subscribe_raw(lambda _s, _r, payload, _h: got.append(payload), gather=gather))
+    says = None if owed is None else lambda: owed
+    inbox, sid = conn.run(conn.subscribe_raw(lambda _s, _r, payload, _h: got.append(payload), owed=says))
     try:
         with counted_reads(conn) as sizes:
             trickle(port, inbox)
@@ -66,12 +69,23 @@ def read_trickle(conn: Connection, port: int, gather: bool) -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_bulk_read_takes_what_arrives_within_the_gather_wait_in_one_read(conn: Connection, nats_server):
-    plain = read_trickle(conn, nats_server.port, gather=False)
-    gathered = read_trickle(conn, nats_server.port, gather=True)
+def test_a_bulk_read_owed_many_messages_takes_what_arrives_within_the_gather_wait_in_one_read(
+    conn: Connection, nats_server
+):
+    plain = read_trickle(conn, nats_server.port, owed=None)
+    gathered = read_trickle(conn, nats_server.port, owed=GATHER_OWED)
     assert len(gathered) <= MESSAGES / 2, f"{len(gathered)} reads for {MESSAGES} messages {GAP}s apart"
     assert len(plain) > 1.5 * len(gathered), "the plain read took as few reads: the test shows nothing"
     assert not conn.client.gathering, "an unsubscribed bulk read still gathers"
+
+
+@pytest.mark.slow
+def test_a_bulk_read_owed_few_messages_is_not_held_up(conn: Connection, nats_server):
+    """A short request's answer (a small Direct Get batch, small pulls) must not wait for a pause: the server has
+    little more to send meanwhile."""
+    gathered = read_trickle(conn, nats_server.port, owed=GATHER_OWED)
+    few = read_trickle(conn, nats_server.port, owed=GATHER_OWED - 1)
+    assert len(few) > 1.5 * len(gathered), f"{len(few)} reads owed few messages, {len(gathered)} owed many"
 
 
 @pytest.mark.slow

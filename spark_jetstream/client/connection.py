@@ -157,27 +157,27 @@ class Connection:
         handler: RawHandler,
         subject: str | None = None,
         bulk: Callable[[int], BulkHandler] | None = None,
-        gather: bool = False,
+        owed: Callable[[], int] | None = None,
     ) -> tuple[str, int]:
         """Subscribe ``subject`` (default: a new inbox); its messages go to ``handler`` on the loop thread.
 
         ``bulk(sid)`` makes a bulk handler that takes runs of the messages first (``protocol``);
-        what it leaves goes to ``handler``. ``gather``: a bulk read, whose many small messages are cheaper read
-        in fewer, larger reads (``RawClient._read_loop``): never for replies someone waits on one by one.
+        what it leaves goes to ``handler``. ``owed()``: a bulk read's messages still to come for requests already
+        sent; while that is large, short reads wait to be gathered into larger ones (``RawClient._read_loop``).
         """
         subject = subject or self.client.new_inbox()
         sub = await self.client.subscribe(subject)
         self.client.raw_handlers[sub._id] = handler
         if bulk is not None:
             self.client.bulk_handlers[sub._id] = bulk(sub._id)
-        if gather:
-            self.client.gathering.add(sub._id)
+        if owed is not None:
+            self.client.gathering[sub._id] = owed
         return subject, sub._id
 
     async def unsubscribe_raw(self, sid: int) -> None:
         self.client.raw_handlers.pop(sid, None)
         self.client.bulk_handlers.pop(sid, None)
-        self.client.gathering.discard(sid)
+        self.client.gathering.pop(sid, None)
         sub = self.client._subs.get(sid)
         if sub is not None and not self.client.is_closed:
             await sub.unsubscribe()

@@ -14,6 +14,7 @@ import os
 import re
 import socket
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,10 @@ READ_SIZE = 1024 * 1024
 that waits at once."""
 GATHER_BELOW = 32 * 1024
 GATHER_WAIT = 0.001
-"""While a bulk read is in progress, a read of fewer than ``GATHER_BELOW`` bytes pauses the socket for ``GATHER_WAIT``
-seconds so that the next read takes many messages at once (decision 0024)."""
+GATHER_OWED = 1000
+"""A read of fewer than ``GATHER_BELOW`` bytes pauses the socket for ``GATHER_WAIT`` seconds, so that the next read
+takes many messages at once, while the bulk reads in progress are owed at least ``GATHER_OWED`` messages by requests
+already sent: the server goes on sending meanwhile, and a short request's answer is not held up (decision 0024)."""
 
 
 _VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "([^"]+)"')
@@ -61,7 +64,7 @@ class RawClient(_NatsClient):
         super().__init__()
         self.raw_handlers: dict[int, RawHandler] = {}
         self.bulk_handlers: dict[int, BulkHandler] = {}
-        self.gathering: set[int] = set()  # sids of bulk reads in progress: short reads pause the socket
+        self.gathering: dict[int, Callable[[], int]] = {}  # sid -> messages that bulk read is owed
         self._ps = FastParser(self)
         self.require_tls = require_tls
         self.violations: dict[tuple[str, str], float] = {}  # ("publish" or "subscription", subject) -> when
@@ -113,7 +116,7 @@ class RawClient(_NatsClient):
         return bool(self._current_server and self._current_server.uri.scheme == "wss")  # aiohttp's websocket
 
     async def _read_loop(self) -> None:
-        """nats-py's read loop, with larger reads and, while a bulk read is in progress, a pause of the socket
+        """nats-py's read loop, with larger reads and, while bulk reads are owed many messages, a pause of the socket
         after a short read (decision 0024): a reader woken for every few dozen messages spends more CPU on the
         wake-ups than on the messages. Ends as nats-py's does: on close or reconnect; an end of stream, a
         protocol or socket error goes to ``_process_op_err`` (the reconnect)."""
@@ -126,7 +129,7 @@ class RawClient(_NatsClient):
                     return
                 data = await self._transport.read(READ_SIZE)
                 await self._ps.parse(data)
-                if self.gathering and len(data) < GATHER_BELOW:
+                if len(data) < GATHER_BELOW and self._owed() >= GATHER_OWED:
                     await self._gather()
             except ProtocolError:
                 await self._process_op_err(ProtocolError())
@@ -139,6 +142,10 @@ class RawClient(_NatsClient):
             except Exception:
                 log.exception("nats: reading from the server failed")
                 return
+
+    def _owed(self) -> int:
+        """Messages the bulk reads in progress are owed by requests already sent."""
+        return sum(owed() for owed in self.gathering.values()) if self.gathering else 0
 
     async def _gather(self) -> None:
         """Let ``GATHER_WAIT`` of messages collect in the socket's buffer (unless the stream reader paused it)."""

@@ -127,7 +127,7 @@ class _ConsumerRead:
         """A new inbox and a new consumer from ``last + 1``; late replies to the old ones are ignored."""
         await self._drop_inbox()
         await self._delete_consumer()
-        self.inbox, self.sid = await self.conn.subscribe_raw(self._on_message, bulk=self._bulk, gather=True)
+        self.inbox, self.sid = await self.conn.subscribe_raw(self._on_message, bulk=self._bulk)
         self.requests.clear()
         self.heard = 0
         self.consumer = f"spark-read-{secrets.token_hex(8)}"

@@ -144,6 +144,7 @@ class _DirectReader:
         self.inbox = ""
         self.sid: int | None = None
         self.batch_done = asyncio.Event()
+        self.requested = 0  # messages the current batch asked for
         self.received = 0  # messages in the current batch
         self.pending: int | None = None  # matching messages after the last one, as the replica saw it
         self.error: str | None = None
@@ -151,7 +152,11 @@ class _DirectReader:
         self.done = False
 
     async def open(self) -> None:
-        self.inbox, self.sid = await self.conn.subscribe_raw(self._on_message, bulk=self._bulk, gather=True)
+        self.inbox, self.sid = await self.conn.subscribe_raw(self._on_message, bulk=self._bulk, owed=self._owed)
+
+    def _owed(self) -> int:
+        """Messages the current batch may still bring (the server may end it early: bytes, the range's end)."""
+        return 0 if self.batch_done.is_set() else self.requested - self.received
 
     async def close(self) -> None:
         if self.sid is not None:
@@ -199,7 +204,7 @@ class _DirectReader:
                 "batch": wanted,
                 "max_bytes": self.range.direct_max_bytes,  # the server always sends the first message, however large
             }
-            self.received, self.pending, self.error, self.unavailable = 0, None, None, False
+            self.requested, self.received, self.pending, self.error, self.unavailable = wanted, 0, None, None, False
             self.batch_done.clear()
             await self.conn.client.publish(self.subject, json.dumps(request).encode(), reply=self.inbox)
             while not self.batch_done.is_set():

@@ -130,7 +130,7 @@ class _PinnedPull:
         """Receive on a fresh inbox: late replies to pulls sent before are ignored from now on."""
         old, (self.inbox, self.sid) = (
             self.sid,
-            await self.conn.subscribe_raw(self._on_message, bulk=self.deliveries.handler, gather=True),
+            await self.conn.subscribe_raw(self._on_message, bulk=self.deliveries.handler, owed=self.window.owed),
         )
         self.window.restart()
         self.last_activity = self.conn.loop.time()

@@ -66,6 +66,10 @@ class PullWindow:
             out.append(json.dumps(request).encode())
         return out
 
+    def owed(self) -> int:
+        """Messages the pulls in flight may still bring."""
+        return sum(self.requests)
+
     def delivered(self, count: int) -> None:
         """``count`` messages arrived: they come off the budget and off the oldest pulls still owed any."""
         self.budget -= count
