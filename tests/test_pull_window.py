@@ -56,3 +56,18 @@ def test_a_message_over_max_bytes_gets_one_pull_sized_by_max_payload():
     window.ended()
     normal, *_ = window.next_requests("pin", NOTHING_BUFFERED, max_payload=1 << 20)
     assert json.loads(normal)["max_bytes"] == SETTINGS.max_bytes
+
+
+def test_a_filled_pull_makes_room_for_the_next_before_its_status():
+    """The server may send a filled pull's status late: the next pull goes out when the pull is filled, so
+    ``in_flight`` pulls stay served (the filled one stays listed until its status, which pops it)."""
+    window = PullWindow(SETTINGS, "g")
+    window.restart(budget=1000)
+    assert _batches(window.next_requests("pin", NOTHING_BUFFERED, max_payload=1 << 20)) == [100, 100, 100]
+    window.delivered(100)
+    assert _batches(window.next_requests("pin", NOTHING_BUFFERED, max_payload=1 << 20)) == [100]
+    assert list(window.requests) == [0, 100, 100, 100]
+    assert window.owed() == 300
+    window.ended()
+    assert list(window.requests) == [100, 100, 100]
+    assert window.next_requests("pin", NOTHING_BUFFERED, max_payload=1 << 20) == []

@@ -35,7 +35,7 @@ class Deliveries:
         self.member = member
         self.settings = settings
         self.wakeup = wakeup  # set when rows are ready or the range is complete
-        self.on_run = on_run  # called once per run of deliveries with their count
+        self.on_run = on_run  # after each run of deliveries, with their count (none once the range is done)
         self.last_seq = member.start
         self.pin_id: str | None = None
         self.batches = RowBatches(settings.record_batch_size, settings.record_batch_bytes, member.include_headers)
@@ -66,7 +66,7 @@ class Deliveries:
     ) -> None:
         """A run of deliveries: anything at or below the last seq handed out is a redelivery; one past the range's
         end, the last one, or one after which nothing more matches completes the range."""
-        self._counted(len(seqs))
+        self.received += len(seqs)
         if self.pin_id is None and (block := next((b for b in headers if b is not None), None)) is not None:
             self.pin_id = header_value(bytes(block), PIN_HEADER)
         if self.done:
@@ -79,7 +79,4 @@ class Deliveries:
             self.wakeup.set()
         if past_end or self.last_seq >= self.member.end or drained < len(seqs):
             self.finish()
-
-    def _counted(self, taken: int) -> None:
-        self.received += taken
-        self.on_run(taken)
+        self.on_run(len(seqs))

@@ -81,7 +81,7 @@ class _PinnedPull:
         self.sid: int | None = None
         self.wakeup = asyncio.Event()
         self.window = PullWindow(settings, member.priority_group)
-        self.deliveries = Deliveries(member, settings, self.wakeup, self.window.delivered)
+        self.deliveries = Deliveries(member, settings, self.wakeup, self._delivered)
         self.sending: set[asyncio.Task[None]] = set()  # pull requests being written (kept, or they may vanish)
         self.error: JetStreamError | None = None
         self.needs_check = False
@@ -208,6 +208,12 @@ class _PinnedPull:
             task = self.conn.loop.create_task(client.publish(self.pull_subject, request, reply=self.inbox))
             self.sending.add(task)
             task.add_done_callback(self._sent)
+
+    def _delivered(self, count: int) -> None:
+        """A run of deliveries arrived: a pull it completed, or the pin id it brought, lets the next pulls go now
+        rather than at the pull's status, which the server may send late (the in-flight pulls stay served)."""
+        self.window.delivered(count)
+        self._pull()
 
     def _sent(self, task: asyncio.Task[None]) -> None:
         """A pull request was written, or not: one that was not is found missing by the progress check."""

@@ -21,8 +21,8 @@ _NS = 1_000_000_000
 class PullWindow:
     """The pull requests in flight and the messages still to ask for: the read's pacing and memory bound.
 
-    One request until the pin id is known, then up to ``in_flight``; none while about two record
-    batches wait for the caller. ``budget`` is what matched at the last RESET, less what arrived.
+    One request until the pin id is known, then up to ``in_flight`` still owed messages; none while about two
+    record batches wait for the caller. ``budget`` is what matched at the last RESET, less what arrived.
     """
 
     def __init__(self, settings: PullSettings, group: str) -> None:
@@ -43,9 +43,10 @@ class PullWindow:
         settings, requests = self.settings, self.requests
         rows, nbytes = buffered
         limit = 1 if pin_id is None else settings.in_flight
+        serving = sum(1 for owed in requests if owed)  # a filled pull is done at the server, its status may lag
         out = []
         while (
-            len(requests) < limit
+            serving < limit
             and rows < 2 * settings.record_batch_size
             and nbytes < 2 * settings.record_batch_bytes
             and (wanted := min(settings.batch, self.budget - sum(requests))) > 0
@@ -63,6 +64,7 @@ class PullWindow:
             if pin_id is not None:
                 request["id"] = pin_id
             requests.append(wanted)
+            serving += 1
             out.append(json.dumps(request).encode())
         return out
 
