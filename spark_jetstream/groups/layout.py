@@ -364,11 +364,8 @@ def reads_whole_stream(stream_config: dict[str, Any], filters: Sequence[str]) ->
     """Whether ``filters`` together select every message the stream holds: ``">"``, or ``<p>.>`` for each of the N
     partitions of the stream's own partition transform when every subject of the stream goes through it (no
     sources, no mirror). Such a read may use the one filter ``">"``: the server's Direct Get of a partition filter
-    costs it about 3x more per message (decision 0017). So may a read of a whole KV bucket (``$KV.<bucket>.>``, its
-    stream's one subject since it was made)."""
+    costs it about 3x more per message (decision 0017)."""
     if list(filters) == [">"]:
-        return True
-    if list(filters) == stream_config.get("subjects") and filters[0].startswith("$KV.") and filters[0].endswith(".>"):
         return True
     partitions = transform_partitions(stream_config)
     source = (stream_config.get("subject_transform") or {}).get("src")

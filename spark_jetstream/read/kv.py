@@ -5,8 +5,9 @@ A bucket ``b`` is the stream ``KV_b`` with subjects ``$KV.b.<key>``; a revision 
 an empty message with ``KV-Operation: DEL``, a purge ``KV-Operation: PURGE`` (and removes the key's older
 revisions); a server-written delete marker (2.11+, a bucket with ``subject_delete_marker_ttl``) carries
 ``Nats-Marker-Reason``: ``Remove`` is a delete, ``MaxAge`` and ``Purge`` a purge. Reads go through the stream's
-read paths with headers (the operation is in them) and filters ``$KV.b.<key filter>``; ``kv_rows`` turns each
-record batch into the bucket's rows with Arrow kernels, and for a table read keeps each live key's latest value.
+read paths with headers (the operation is in them) and filters ``$KV.b.<key filter>`` (without ``keys``, ``>``: the
+whole stream); ``kv_rows`` turns each record batch into the bucket's rows with Arrow kernels, and for a table read
+keeps each live key's latest value.
 """
 
 from __future__ import annotations
@@ -37,12 +38,14 @@ def key_prefix(bucket: str) -> str:
 
 
 def bucket_read(values: dict[str, Any]) -> dict[str, Any]:
-    """Parsed read options with ``bucket``: a read of its stream, of the keys' subjects, with headers (the operation
-    is in them); the options as they were without."""
+    """Parsed read options with ``bucket``: a read of its stream with headers (the operation is in them), of the
+    ``keys``' subjects or, without ``keys``, of the whole stream (``>``: it holds the keys' subjects alone, and a
+    read of ``>`` costs the server less than of a filter, decision 0017); the options as they were without."""
     bucket = values.get("bucket")
     if not bucket:
         return values
-    subjects = kv_subjects(bucket, values.get("keys"))
+    keys = values.get("keys")
+    subjects = kv_subjects(bucket, keys) if keys else None
     return {**values, "stream": kv_stream(bucket), "subjects": subjects, "includeHeaders": True}
 
 
@@ -61,9 +64,9 @@ def kv_arrow_schema() -> pa.Schema:
     )
 
 
-def kv_subjects(bucket: str, keys: Sequence[str] | None) -> tuple[str, ...]:
-    """The stream subjects of ``keys`` (key filters with ``*``/``>`` over the key's tokens; all keys when None)."""
-    return tuple(key_prefix(bucket) + key for key in (keys or (">",)))
+def kv_subjects(bucket: str, keys: Sequence[str]) -> tuple[str, ...]:
+    """The stream subjects of ``keys`` (key filters with ``*``/``>`` over the key's tokens)."""
+    return tuple(key_prefix(bucket) + key for key in keys)
 
 
 @dataclass(frozen=True)
