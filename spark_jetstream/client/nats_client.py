@@ -145,7 +145,7 @@ class RawClient(_NatsClient):
 
     def _owed(self) -> int:
         """Messages the bulk reads in progress are owed by requests already sent."""
-        return sum(owed() for owed in self.gathering.values()) if self.gathering else 0
+        return sum(owed() for owed in self.gathering.values())
 
     async def _gather(self) -> None:
         """Let ``GATHER_WAIT`` of messages collect in the socket's buffer (unless the stream reader paused it)."""
