@@ -3,6 +3,8 @@ arrive: the bulk path (runs taken straight from the read buffer) and the per-mes
 
 from __future__ import annotations
 
+from array import array
+from itertools import pairwise
 from types import SimpleNamespace
 
 import pytest
@@ -83,10 +85,22 @@ def read(chunks: list[bytes], bulk: bool) -> tuple[list[tuple], list[bytes]]:
         (subject, bytes(rows.payload[start:end]), seq, stamp, header)
         for rows in reader.batches.ready
         for subject, start, end, seq, stamp, header in zip(
-            rows.subjects, rows.offsets[:-1], rows.offsets[1:], rows.seqs, rows.times, rows.headers, strict=True
+            _texts(rows.subjects, rows.subject_ends),
+            rows.offsets[:-1],
+            rows.offsets[1:],
+            rows.seqs,
+            _texts(rows.times, rows.time_ends),
+            rows.headers,
+            strict=True,
         )
     ]
     return rows, client.others
+
+
+def _texts(values: bytearray, ends: array | None) -> list[bytes]:
+    """A row buffer's texts kept back to back (``RowBuffer``), one by one."""
+    assert ends is not None
+    return [bytes(values[start:end]) for start, end in pairwise(ends)]
 
 
 @pytest.mark.parametrize("size", [1, 7, 64, 333, 4096, len(WIRE)])

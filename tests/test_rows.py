@@ -133,7 +133,7 @@ def test_runs_of_messages_make_the_batches_one_message_at_a_time_makes(keep_head
         (b"0.s%d" % seq, bytes([seq % 251]) * size, seq, b"%d" % seq, header if seq % 3 else None)
         for seq, size in enumerate(sizes, 1)
     ]
-    one, runs = (RowBatches(max_rows=7, max_bytes=2000, keep_headers=keep_headers) for _ in range(2))
+    one, runs = (RowBatches(max_rows=7, max_bytes=2000, keep_headers=keep_headers, text_times=True) for _ in range(2))
     for message in messages:
         one.add(*message)
     first = 0
@@ -147,7 +147,17 @@ def test_runs_of_messages_make_the_batches_one_message_at_a_time_makes(keep_head
 
     def shape(batches: RowBatches) -> list[tuple]:
         return [
-            (rows.seqs, rows.subjects, bytes(rows.payload), list(rows.offsets), rows.times, rows.headers, rows.nbytes)
+            (
+                rows.seqs,
+                rows.subjects,
+                rows.subject_ends,
+                bytes(rows.payload),
+                list(rows.offsets),
+                rows.times,
+                rows.time_ends,
+                rows.headers,
+                rows.nbytes,
+            )
             for rows in batches.ready
         ]
 

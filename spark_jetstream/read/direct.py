@@ -31,7 +31,7 @@ from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.protocol import STATUS_PREFIX, BulkHandler, status_line
 from spark_jetstream.errors import ClusterUnavailableError, ReaderError
 from spark_jetstream.read.ranges import SeqRange
-from spark_jetstream.read.rows import RowBatches, RowBuffer, binary_array
+from spark_jetstream.read.rows import RowBatches, RowBuffer
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +124,6 @@ def read_range(conn: Connection, seq_range: SeqRange) -> Iterator[pa.RecordBatch
     try:
         conn.run(reader.open())
         while (rows := conn.run(reader.next_rows())) is not None:
-            stamps = binary_array(rows.times).cast(pa.string()).cast(pa.timestamp("ns", tz="UTC"))  # type: ignore[arg-type]
-            rows.times = stamps
             yield rows.to_record_batch(seq_range.stream, seq_range.partitioned, seq_range.include_headers)
     finally:
         conn.run(reader.close(), timeout=10)
@@ -140,7 +138,9 @@ class _DirectReader:
         self.range = seq_range
         self.subject = self.api.subject("DIRECT", "GET", seq_range.stream)
         self.last = seq_range.start  # highest seq read
-        self.batches = RowBatches(seq_range.record_batch_size, seq_range.record_batch_bytes, seq_range.include_headers)
+        self.batches = RowBatches(
+            seq_range.record_batch_size, seq_range.record_batch_bytes, seq_range.include_headers, text_times=True
+        )
         self.inbox = ""
         self.sid: int | None = None
         self.batch_done = asyncio.Event()
