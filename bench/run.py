@@ -26,6 +26,8 @@ Each scenario is one module of ``bench/scenarios/`` that owns its measurement; t
   streamed at ``--rate`` puts/s (p50/p99 from put to row).
 * ``pull-reader``: the pinned pull reader against the raw pull loop, outside Spark (``--pull-partitions``,
   ``--pull-subjects``).
+* ``parser``: the readers' parse of deliveries into rows and their record batches, on bytes alone (no server's or
+  Spark's share), CPU per message.
 
 Peak RSS (VmHWM, reset with ``/proc/<pid>/clear_refs`` when a measurement starts and polled) is
 recorded per measurement for this driver process, the Spark JVM and the Python processes under it.
@@ -71,6 +73,7 @@ from scenarios import (
     latency,
     leader_change,
     memory,
+    parser,
     pull_reader,
     read,
     scaling,
@@ -97,6 +100,7 @@ RUNNERS: dict[str, Callable[[Suite], None]] = {
     "cold-job": cold_job.run,
     "leader-change": leader_change.run,
     "pull-reader": pull_reader.run,
+    "parser": parser.run,
     "kv": kv.run,
 }
 SCENARIOS = tuple(RUNNERS)
