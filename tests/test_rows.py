@@ -87,13 +87,14 @@ def test_building_a_batch_imports_no_pandas():
     on the way to the first batch."""
     probe = (
         "import sys\n"
-        "from spark_jetstream.read.rows import RowBuffer, binary_array\n"
+        "from spark_jetstream.read.rows import RowBuffer\n"
         "rows = RowBuffer()\n"
         "rows.add(b'1.a', b'x', 7, 1_700_000_000_000_000_000)\n"
         "rows.headers = [b'NATS/1.0\\r\\nk: v\\r\\n\\r\\n']\n"
         "rows.to_record_batch('S', True, True)\n"
-        "import pyarrow as pa\n"  # a Direct Get read's timestamps
-        "binary_array([b'2026-01-01T00:00:00Z']).cast(pa.string()).cast(pa.timestamp('ns', tz='UTC'))\n"
+        "texts = RowBuffer(text_times=True)\n"  # a Direct Get read's times: RFC 3339 text
+        "texts.add(b'1.a', b'x', 7, b'2026-01-01T00:00:00Z')\n"
+        "texts.to_record_batch('S', True, False)\n"
         "print('pandas' in sys.modules)\n"
     )
     result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -174,3 +175,14 @@ def test_rows_of_no_partition_are_left_out_of_a_partitioned_read():
     assert batch.to_pydict()["seq"] == [1, 3]
     assert batch.to_pydict()["subject"] == ["ev.a", "ev.b"] and batch.to_pydict()["partition"] == [0, 3]
     assert batch.to_pydict()["data"] == [b"d1", b"d3"]
+
+
+def test_times_given_as_text_become_the_timestamp_column():
+    """Direct Get's times come as RFC 3339 text, kept back to back and parsed once per batch."""
+    rows = RowBuffer(text_times=True)
+    rows.add(b"0.a", b"x", 1, b"2026-11-27T10:00:00.123456789Z")
+    rows.extend([b"1.bb", b"2.c"], [b"y", b"zz"], [2, 4], [2, 3], [b"2026-11-27T10:00:01Z", b"1970-01-01T00:00:00Z"])
+    batch = rows.to_record_batch("S", partitioned=True, include_headers=False)
+    assert batch.column("timestamp").cast(pa.int64()).to_pylist() == [1_795_773_600_123_456, 1_795_773_601_000_000, 0]
+    assert batch.to_pydict()["subject"] == ["a", "bb", "c"] and batch.to_pydict()["seq"] == [1, 2, 3]
+    assert batch.to_pydict()["data"] == [b"x", b"y", b"zz"]

@@ -66,6 +66,7 @@ def parse_headers(block: bytes | None) -> list[tuple[str, list[str]]]:
 
 
 _MAX_OFFSET = 2**31 - 1  # 32-bit offsets of ``string``/``binary``
+_NS_TIME = pa.timestamp("ns", tz="UTC")  # the times as a read keeps them, before the schema's microseconds
 
 
 def binary_array(values: Sequence[bytes]) -> pa.Array:
@@ -237,9 +238,6 @@ class RowBuffer:
             columns.append(headers_array(self.headers))
         batch = pa.RecordBatch.from_arrays(columns, schema=arrow_schema(include_headers))
         return batch if keep is None else batch.filter(keep)
-
-
-_NS_TIME = pa.timestamp("ns", tz="UTC")
 
 
 class RowBatches:
