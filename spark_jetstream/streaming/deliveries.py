@@ -24,7 +24,7 @@ class Deliveries:
     """Deliveries -> rows, on the connection's loop thread: the reader's hot path.
 
     A bulk handler parses consecutive deliveries straight from the read buffer in one tight loop
-    and only appends bytes to column lists; full buffers wait in ``ready`` for the caller's thread.
+    and only appends to the columns' buffers; full buffers wait in ``ready`` for the caller's thread.
     It keeps what every delivery decides: the last seq handed out (anything at or below is a
     redelivery), the pin id, and whether the range is complete.
     """

@@ -9,7 +9,7 @@ Nothing is ever acked here: the ack floor moves only when Spark commits (with
 ``ackPolicy=none`` the server itself counts delivery as the ack until the commit resets the floor).
 
 Messages arrive on the connection's loop thread, where a bulk handler parses runs of deliveries
-straight from the read buffer and only appends bytes to column lists; the caller's thread turns
+straight from the read buffer and only appends to the columns' buffers; the caller's thread turns
 full buffers into Arrow record batches. Memory is bounded by the pull window (``pull_window``): new
 pulls are sent only while fewer than two record batches wait.
 """
