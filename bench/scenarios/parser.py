@@ -18,11 +18,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
 
 from common import heading
 from suite import SIZE, Suite
 
+from spark_jetstream.client.connection import Connection
 from spark_jetstream.client.nats_client import RawClient
 from spark_jetstream.client.protocol import BulkHandler, RawHandler, wire
 from spark_jetstream.read.consumer import _ConsumerRead
@@ -88,14 +88,14 @@ def _pinned(count: int, data: bytes) -> tuple[float, float, int]:
     return (parse, *_columns(deliveries.batches))
 
 
-def _consumer(count: int, data: bytes, conn: Any) -> tuple[float, float, int]:
+def _consumer(count: int, data: bytes, conn: Connection) -> tuple[float, float, int]:
     reader = _ConsumerRead(conn, SeqRange(STREAM, ">", 0, count, True, read_mode="pull"))
     reader.requests = [count]
     parse = _feed(data, reader._bulk(SID), reader._on_message)
     return (parse, *_columns(reader.batches))
 
 
-def _direct(count: int, data: bytes, conn: Any) -> tuple[float, float, int]:
+def _direct(count: int, data: bytes, conn: Connection) -> tuple[float, float, int]:
     reader = _DirectReader(conn, SeqRange(STREAM, ">", 0, count, True))
     parse = _feed(data, reader._bulk(SID), reader._on_message)
     return (parse, *_columns(reader.batches))
