@@ -160,7 +160,10 @@ def test_query_rides_through_the_fault_with_exact_output_and_floors(
         assert injected.watcher is not None
         running.wait_for(lambda: not injected.watcher.is_alive(), "the successor's election and the victim's restart")
         assert injected.victim is not None and injected.victim.process is not None
-        assert injected.victim.process.poll() is None, "the victim did not stay up after its restart"
+        assert injected.failed is None, injected.failed
+        assert injected.victim.process.poll() is None, (
+            f"the victim did not stay up after its restart:\n{injected.victim.log_tail()}"
+        )
         assert injected.restarted is not None
         restarted_at = time.monotonic()
         running.wait_for(lambda: time.monotonic() - restarted_at >= AFTER, "publishing after the restart")

@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spark_jetstream.errors import JetStreamError
 from spark_jetstream.tools.embedded import EmbeddedCluster, EmbeddedServer, meta_leader
 
 if TYPE_CHECKING:
@@ -143,8 +144,9 @@ FAULT_SIGNALS = {"stream leader": signal.SIGKILL, "consumer leader": signal.SIGK
 class InjectedFault:
     """A fault sent at ``at`` (``time.time()``) when the publisher's last seq was ``last_seq``; ``watcher``
     sets ``elected`` (seconds from the fault until the successor became leader: its ``leader_since``, or for the
-    meta leader when it answered) and ``restarted`` (seconds until the victim was started again on its store),
-    and ends once both happened or ``watch`` s passed."""
+    meta leader when it answered) and ``restarted`` (seconds until the victim, once its old process ended, was
+    started again on its store), and ends once both happened, the restart failed (``failed``) or ``watch`` s
+    passed."""
 
     fault: str
     at: float
@@ -154,6 +156,7 @@ class InjectedFault:
     watcher: threading.Thread | None = None
     elected: float | None = None
     restarted: float | None = None
+    failed: str | None = None  # why the watcher could not restart the victim
 
     @property
     def victim_name(self) -> str:
@@ -223,10 +226,14 @@ def inject_fault(
             if victim.process is not None and victim.process.poll() is not None:
                 victim.process = None
             if victim.process is None and time.time() >= at + down:
-                victim.start()
+                try:
+                    victim.start(wait=watch)  # a store recovered under load can take long
+                except JetStreamError as exc:  # this thread's exception would reach no one
+                    injected.failed = f"the victim's restart failed: {exc}"
+                    return
                 injected.restarted = time.time() - at
-            if injected.elected is not None and victim.process is not None:
-                return
+            if injected.elected is not None and injected.restarted is not None:  # not the old process: after a
+                return  # SIGTERM it may still be shutting down when the successor is elected
             time.sleep(0.1)
 
     injected.watcher = threading.Thread(target=follow, name="fault-watch", daemon=True)
