@@ -38,7 +38,10 @@ def noio_source(name: str, size: int, count: int, partitions: int) -> type:
 
         import pyarrow as pa
 
-        from spark_jetstream.read.rows import int64_array, repeated_string
+        from spark_jetstream.read.rows import repeated_string
+
+        def int64_array(values: list[int], type_: pa.DataType) -> pa.Array:
+            return pa.Array.from_buffers(type_, len(values), [None, pa.py_buffer(array("q", values))])
 
         def build(k: int) -> pa.RecordBatch:
             offsets = pa.py_buffer(array("i", range(0, (k + 1) * size, size)))
@@ -48,7 +51,7 @@ def noio_source(name: str, size: int, count: int, partitions: int) -> type:
                     repeated_string("noio.k1", k),
                     data,
                     repeated_string("NOIO", k),
-                    int64_array(list(range(1, k + 1))),
+                    int64_array(list(range(1, k + 1)), pa.int64()),
                     int64_array([time.time_ns() // 1000] * k, pa.timestamp("us", tz="UTC")),
                     pa.Array.from_buffers(pa.int32(), k, [None, pa.py_buffer(array("i", [0] * k))]),
                 ],

@@ -89,11 +89,6 @@ def _index(i: int) -> pa.Scalar:
 _FIRST, _SECOND = _index(0), _index(1)
 
 
-def int64_array(values: Sequence[int], type_: pa.DataType | None = None) -> pa.Array:
-    """``pa.array(values, type_)`` for a 64-bit type (``int64``, ``timestamp``), built from its buffer."""
-    return pa.Array.from_buffers(type_ or pa.int64(), len(values), [None, pa.py_buffer(array("q", values))])
-
-
 def repeated_string(value: str, n: int) -> pa.Array:
     """``value`` ``n`` times as a ``string`` array."""
     data = value.encode()
