@@ -76,9 +76,12 @@ def binary_array(values: Sequence[bytes]) -> pa.Array:
     if ends and ends[-1] > _MAX_OFFSET:  # more than 32-bit offsets can hold: pa.array's own handling
         return pa.array(values, pa.binary())
     offsets.extend(ends)
-    return pa.Array.from_buffers(
-        pa.binary(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(values))]
-    )
+    return _binary(b"".join(values), offsets, len(values))
+
+
+def _binary(values: bytes | bytearray, ends: array, n: int) -> pa.Array:
+    """The binary column over its values buffer and its ``n + 1`` offsets (no copy)."""
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(ends), pa.py_buffer(values)])
 
 
 def _index(i: int) -> pa.Scalar:
@@ -137,11 +140,6 @@ def _append_texts(values: bytearray, ends: array, texts: Sequence[bytes]) -> Non
     """``texts`` back to back onto ``values``, each one's end onto ``ends``: a binary column's buffers."""
     ends.extend(islice(accumulate(map(len, texts), initial=len(values)), 1, None))
     values += b"".join(texts)
-
-
-def _binary(values: bytearray, ends: array, n: int) -> pa.Array:
-    """The binary column over ``_append_texts``'s buffers (no copy)."""
-    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(ends), pa.py_buffer(values)])
 
 
 class RowBuffer:

@@ -49,7 +49,7 @@ class PullWindow:
             serving < limit
             and rows < 2 * settings.record_batch_size
             and nbytes < 2 * settings.record_batch_bytes
-            and (wanted := min(settings.batch, self.budget - sum(requests))) > 0
+            and (wanted := min(settings.batch, self.budget - self.owed())) > 0
         ):
             request: dict[str, Any] = {
                 "batch": wanted,
