@@ -26,7 +26,7 @@ CLIENT_ATTRIBUTES = {
     # attribute set by Client.__init__: where the package uses it
     "_ps": "nats_client.RawClient.__init__ swaps in protocol.FastParser (the lean MSG/HMSG parser)",
     "_subs": "connection.Connection.unsubscribe_raw (sid -> Subscription)",
-    "_current_server": "nats_client.RawClient._connect_command, _tls_active (the URL being connected to)",
+    "_current_server": "nats_client.RawClient._connect_command, _tls_active, server_address (the URL connected to)",
     "_transport": "nats_client.RawClient._tls_active (is the connection TLS?), _read_loop (reads), _gather (pauses)",
     "_pending": "publish.Publisher.send (appends whole PUB/HPUB commands to the write buffer)",
     "_pending_data_size": "publish.Publisher.send (counts the bytes it appended)",
@@ -44,7 +44,12 @@ CLIENT_METHODS = {
     ),
     "_flush_pending": (["force_flush"], "publish.Publisher.send calls it with no argument"),
     "_read_loop": ([], "nats_client.RawClient overrides it (larger reads, bulk reads gather short ones)"),
-    "_process_op_err": (["e"], "nats_client.RawClient._read_loop hands it a lost connection (the reconnect)"),
+    "_process_op_err": (
+        ["e"],
+        "nats_client.RawClient._read_loop hands it a lost connection, _leave_silent a silent one (the reconnect)",
+    ),
+    "_ping_interval": ([], "nats_client.RawClient overrides it (a silent server is left within silenceTimeout)"),
+    "_send_ping": (["future"], "nats_client.RawClient._ping_interval pings a quiet server"),
 }
 
 SOURCE_FACTS = [
@@ -90,6 +95,24 @@ SOURCE_FACTS = [
         "except OSError as e:",
         "nats-py reconnects on a socket error, as ours does",
         "nats_client.RawClient._read_loop",
+    ),
+    (
+        Client._process_connect_init,
+        "create_task(self._ping_interval())",
+        "the connect and every reconnect start the pings through self, so RawClient's override is the one run",
+        "nats_client.RawClient._ping_interval",
+    ),
+    (
+        Client._attempt_reconnect,
+        "self._reconnect_to_server_handler(",
+        "the reconnect asks the handler given as reconnect_to_server_handler which server to try next",
+        "nats_client.RawClient.next_server",
+    ),
+    (
+        Client._process_pong,
+        "self._pongs.pop(0)",
+        "a PONG answers the oldest ping; the pings RawClient._ping_interval sends are answered in order",
+        "nats_client.RawClient._ping_interval",
     ),
     (
         Client._send_command,

@@ -28,6 +28,7 @@ from spark_jetstream.client.protocol import BulkHandler, RawHandler
 __all__ = [
     "ATTEMPT_TIMEOUT",
     "CLUSTER_BUSY_CODES",
+    "DIRECT_ATTEMPT",
     "DISCONNECTED",
     "JETSTREAM_ABSENT",
     "JETSTREAM_ELECTING",
@@ -44,6 +45,10 @@ T = TypeVar("T")
 
 ATTEMPT_TIMEOUT = 2.0
 """Seconds one request waits before it is sent again (a request sent into a dropped connection is lost)."""
+DIRECT_ATTEMPT = 1.0
+"""Seconds a Direct Get waits for its next reply before it is sent again: a replica answers within milliseconds,
+and one routed to a silent replica (frozen, or cut off: the other servers route to it for minutes) is lost, a
+third of them on an R3 stream with its leader frozen (measured)."""
 
 JETSTREAM_UP = "up"
 JETSTREAM_ELECTING = "electing"

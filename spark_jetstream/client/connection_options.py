@@ -15,6 +15,9 @@ from spark_jetstream.errors import redact
 DEFAULT_SERVERS = ("nats://127.0.0.1:4222",)
 DEFAULT_CONNECT_TIMEOUT = 5.0
 """Seconds to try to reach a server before failing."""
+DEFAULT_SILENCE_TIMEOUT = 3.0
+"""Seconds a connected server may send nothing, though pinged, before the connection moves to another server: a
+frozen server or a silent partition sends no reset, and a JetStream cluster elects new leaders in 2-5 s."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class ConnectionOptions:
     tls_key: str | None = None
     domain: str | None = None
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    silence_timeout: float = DEFAULT_SILENCE_TIMEOUT
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)

@@ -10,16 +10,18 @@ import asyncio
 import base64
 import contextlib
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from nats.errors import ConnectionClosedError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from spark_jetstream.client.connection import Connection
+from spark_jetstream.client.connection import DIRECT_ATTEMPT, Connection
 from spark_jetstream.client.jsapi import NO_MESSAGE_FOUND, JetStreamApi
 from spark_jetstream.client.protocol import header_fields
-from spark_jetstream.errors import ApiError, ConnectError
+from spark_jetstream.client.retry import not_permitted
+from spark_jetstream.errors import ApiError, ClusterUnavailableError, ConnectError, NotPermittedError
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,32 @@ async def direct_get_async(api: JetStreamApi, stream: str, request: dict[str, An
 
 async def direct_gets_async(api: JetStreamApi, stream: str, request: dict[str, Any]) -> list[DirectMessage]:
     """Every message one Direct Get request answers (one without ``batch``/``multi_last``, else up to the end of the
-    batch)."""
+    batch).
+
+    Asked again on a new inbox after ``DIRECT_ATTEMPT`` s without a reply, until the API timeout: any replica may
+    answer, and a request routed to a silent one (frozen, or cut off: the other servers keep routing to it for
+    minutes) is lost (late replies to an earlier attempt are ignored)."""
+    conn = api.conn
+    started = time.monotonic()
+    deadline = started + conn.api_timeout
+    attempts = 0
+    while True:
+        attempts += 1
+        found = await _direct_gets_once(api, stream, request)
+        if found is not None:
+            return found
+        if (refused := conn.client.refused(f"{api.prefix}.DIRECT.GET.{stream}", started)) is not None:
+            raise NotPermittedError(not_permitted(*refused, f"stream {stream!r}"))
+        if time.monotonic() >= deadline:
+            raise ClusterUnavailableError(
+                f"Direct Get on stream {stream!r} got no answer from any replica within {conn.api_timeout:g}s "
+                f"({attempts} requests through {conn.server_url}){conn.client.silence_since(started)}: are its "
+                "servers up and reachable?"
+            )
+
+
+async def _direct_gets_once(api: JetStreamApi, stream: str, request: dict[str, Any]) -> list[DirectMessage] | None:
+    """One attempt of ``direct_gets_async``: None when a reply stopped coming for ``DIRECT_ATTEMPT`` s."""
     subject = f"{api.prefix}.DIRECT.GET.{stream}"
     inbox = api.conn.client.new_inbox()
     sub = await api.conn.client.subscribe(inbox)
@@ -130,16 +157,13 @@ async def direct_gets_async(api: JetStreamApi, stream: str, request: dict[str, A
     try:
         await api.conn.client.publish(subject, json.dumps(request).encode(), reply=inbox)
         found: list[DirectMessage] = []
-        wait = max(api.conn.options.connect_timeout, 5.0)
         while True:
             try:
-                msg = await sub.next_msg(timeout=wait)
+                msg = await sub.next_msg(timeout=DIRECT_ATTEMPT)
             except ConnectionClosedError:
                 raise ConnectError(f"The connection to {api.conn.server_url} is closed.") from None
             except NatsTimeoutError:
-                raise ApiError(
-                    f"Direct Get on stream {stream!r} got no answer: does it allow direct gets (allow_direct: true)?"
-                ) from None
+                return None
             headers = msg.headers or {}
             status = headers.get("Status")
             if status == "404" or status == "204":
@@ -164,7 +188,8 @@ async def direct_gets_async(api: JetStreamApi, stream: str, request: dict[str, A
             if not batched:
                 return found
     finally:
-        await sub.unsubscribe()
+        with contextlib.suppress(ConnectionClosedError):
+            await sub.unsubscribe()
 
 
 def last_seqs(conn: Connection, stream: str, subjects: list[str], up_to_seq: int) -> dict[str, int]:

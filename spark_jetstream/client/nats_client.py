@@ -14,16 +14,19 @@ import os
 import re
 import socket
 import ssl
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import ParseResult
 
 from nats.aio.client import Client as _NatsClient
-from nats.errors import AuthorizationError, ProtocolError, UnexpectedEOF
+from nats.aio.client import Server
+from nats.errors import AuthorizationError, ProtocolError, StaleConnectionError, UnexpectedEOF
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from spark_jetstream.client.connection_options import ConnectionOptions
+from spark_jetstream.client.connection_options import DEFAULT_SILENCE_TIMEOUT, ConnectionOptions
 from spark_jetstream.client.features import ANY_USE, Version, require
 from spark_jetstream.client.protocol import BulkHandler, FastParser, RawHandler, wire
 from spark_jetstream.errors import ConnectError, JetStreamError
@@ -44,6 +47,11 @@ takes many messages at once, while the bulk reads in progress are owed at least 
 already sent: the server goes on sending meanwhile, and a short request's answer is not held up (decision 0024)."""
 
 
+SILENT_MEMORY = 60.0
+"""Seconds a server that was left for its silence is tried last when the connection moves (a frozen server still
+accepts a TCP connection and then says nothing: trying it first costs a whole connect timeout)."""
+
+
 _VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "([^"]+)"')
 """A refused publish or subscribe as nats-py hands over the server's ``-ERR`` (lowercased)."""
 
@@ -60,7 +68,7 @@ class RawClient(_NatsClient):
     per-message ``Msg`` object, header dict or queue hop; every other subscription is untouched.
     """
 
-    def __init__(self, require_tls: bool = False) -> None:
+    def __init__(self, require_tls: bool = False, silence_timeout: float = DEFAULT_SILENCE_TIMEOUT) -> None:
         super().__init__()
         self.raw_handlers: dict[int, RawHandler] = {}
         self.bulk_handlers: dict[int, BulkHandler] = {}
@@ -68,6 +76,10 @@ class RawClient(_NatsClient):
         self._ps = FastParser(self)
         self.require_tls = require_tls
         self.violations: dict[tuple[str, str], float] = {}  # ("publish" or "subscription", subject) -> when
+        self.silence_timeout = silence_timeout
+        self.silenced: dict[str, tuple[float, float]] = {}  # "host:port" -> (when left, seconds it was silent)
+        self._heard = True  # bytes came from the server since the last look (``_ping_interval``)
+        self._tried: dict[str, float] = {}  # "host:port" -> when a reconnect last tried it (``next_server``)
 
     async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
         """A server that offers TLS without requiring it (``allow_non_tls``) is asked for it: nats-py
@@ -128,6 +140,7 @@ class RawClient(_NatsClient):
                     await self._process_op_err(eof)
                     return
                 data = await self._transport.read(READ_SIZE)
+                self._heard = True
                 await self._ps.parse(data)
                 if len(data) < GATHER_BELOW and self._owed() >= GATHER_OWED:
                     await self._gather()
@@ -142,6 +155,75 @@ class RawClient(_NatsClient):
             except Exception:
                 log.exception("nats: reading from the server failed")
                 return
+
+    async def _ping_interval(self) -> None:
+        """Replaces nats-py's pings (every 2 minutes, stale after 2 unanswered): a frozen server or a silent network
+        partition sends nothing and no reset, so a connection that heard nothing from its server for
+        ``silence_timeout`` s, though pinged every third of it, leaves it for another server of the pool
+        (``_leave_silent``). Anything read counts as heard (a busy connection's PONG may wait behind its data),
+        and only this loop's own time counts: a look that comes late (the GIL, a long callback held the loop, so
+        what arrived meanwhile is unread) adds nothing to the silence."""
+        tick = self.silence_timeout / 3
+        silent, last = 0.0, time.monotonic()
+        while True:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            late, last = now - last > 2 * tick, now
+            if self._heard or not self.is_connected:
+                self._heard, silent = False, 0.0
+                continue
+            if late:
+                continue
+            silent += tick
+            if silent > self.silence_timeout - tick / 2:
+                await self._leave_silent(silent)
+                return
+            try:
+                await self._send_ping()
+            except (asyncio.CancelledError, RuntimeError, AttributeError):  # as nats-py's: closing, closed
+                return
+
+    async def _leave_silent(self, silent: float) -> None:
+        """Drop the connection to a server that stopped talking, at once (its socket aborted: a graceful close
+        would wait for the server to read what is buffered), and reconnect to another (``next_server``)."""
+        where = server_address(self)
+        self.silenced[where] = (time.monotonic(), silent)
+        log.warning(
+            "nats: the server at %s sent nothing for %.1f s though pinged (frozen, or cut off by the network): "
+            "moving the connection to another server",
+            where,
+            silent,
+        )
+        writer = getattr(self._transport, "_io_writer", None)  # TcpTransport; a websocket closes as usual
+        if writer is not None:
+            writer.transport.abort()
+        await self._process_op_err(StaleConnectionError())
+
+    def silence_since(self, since: float) -> str:
+        """What a request left unanswered since ``since`` (``time.monotonic()``) may be explained by: the servers
+        this connection left for their silence meanwhile (``""``: none)."""
+        left = [f"{where} sent nothing for {gap:.1f} s" for where, (at, gap) in self.silenced.items() if at >= since]
+        if not left:
+            return ""
+        return (
+            f"; the server at {', '.join(left)} though pinged (frozen, or cut off by the network) and the connection "
+            f"moved on (now {server_address(self)})"
+        )
+
+    def next_server(self, servers: list[Server], _info: dict[str, Any]) -> tuple[Server, float]:
+        """nats-py's reconnect asks this before each attempt: the server of the pool tried longest ago, those left
+        for their silence in the last ``SILENT_MEMORY`` s after all others; the wait keeps ``RECONNECT_WAIT``
+        between two attempts on one server."""
+        now = time.monotonic()
+
+        def rank(server: Server) -> tuple[bool, float]:
+            left = self.silenced.get(_address(server.uri))
+            return left is not None and now - left[0] < SILENT_MEMORY, self._tried.get(_address(server.uri), -math.inf)
+
+        chosen = min(servers, key=rank)
+        tried = self._tried.get(_address(chosen.uri), -math.inf)
+        self._tried[_address(chosen.uri)] = now
+        return chosen, max(0.0, tried + RECONNECT_WAIT - now)
 
     def _owed(self) -> int:
         """Messages the bulk reads in progress are owed by requests already sent."""
@@ -300,7 +382,7 @@ async def open_client(
         if _is_auth_error(exc) or isinstance(exc, TlsNotOfferedError):
             refused.set()
 
-    client = RawClient(require_tls=options.wants_tls)
+    client = RawClient(require_tls=options.wants_tls, silence_timeout=options.silence_timeout)
     kwargs: dict[str, Any] = dict(
         servers=list(options.servers),
         name=name,
@@ -308,6 +390,7 @@ async def open_client(
         allow_reconnect=True,
         max_reconnect_attempts=-1 if reconnect_for is None else max(1, math.ceil(reconnect_for / RECONNECT_WAIT)),
         reconnect_time_wait=RECONNECT_WAIT,
+        reconnect_to_server_handler=client.next_server,
         error_cb=on_error,
         tls=tls,
         user_credentials=options.creds,
@@ -352,9 +435,17 @@ def server_version(client: RawClient) -> tuple[Version, str]:
         return (0, 0, 0), "unknown"
 
 
-def server_address(client: RawClient, options: ConnectionOptions) -> str:
-    url = client.connected_url
-    return f"{url.hostname}:{url.port}" if url else options.shown_servers
+def server_address(client: RawClient, options: ConnectionOptions | None = None) -> str:
+    """``host:port`` of the server the client is on (or was last on), else the servers option."""
+    url = client.connected_url or (client._current_server.uri if client._current_server else None)
+    if url is not None:
+        return _address(url)
+    return options.shown_servers if options is not None else "?"
+
+
+def _address(url: ParseResult) -> str:
+    """``host:port`` of a server URL, without any credentials it holds."""
+    return f"{url.hostname}:{url.port}"
 
 
 def _check_version(client: RawClient, options: ConnectionOptions) -> None:

@@ -9,6 +9,7 @@ says what was happening meanwhile (an election, a missing leader, a lost connect
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -127,6 +128,7 @@ class _ClusterWatch:
         self.jetstream = ""
         self._look: asyncio.Task[str] | None = None
         self._looked_at = 0.0
+        self._started = time.monotonic()
 
     def saw(self, what: str) -> None:
         self.seen[what] = self.seen.get(what, 0) + 1
@@ -159,6 +161,11 @@ class _ClusterWatch:
             self.jetstream = await self.conn.jetstream_state(0.5)
         seen = ", ".join(f"{what} x{count}" for what, count in self.seen.items())
         within = f"within {timeout:g}s"
+        if silence := self.conn.client.silence_since(self._started):
+            return (
+                f"No server answered about {asset} {within} ({seen}){silence}. Check that server and the network "
+                "between it and this host; the cluster's other servers went on without it."
+            )
         if self.jetstream == DISCONNECTED or not self.conn.client.is_connected:
             return (
                 f"The connection to NATS ({self.conn.options.shown_servers}) was down and did not come back "

@@ -11,7 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from spark_jetstream.client.connection_options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SERVERS
+from spark_jetstream.client.connection_options import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_SERVERS,
+    DEFAULT_SILENCE_TIMEOUT,
+)
 from spark_jetstream.options.option import ALL, BATCH, READ, STREAM, WRITE, Option
 from spark_jetstream.options.parsers import (
     DEFAULT_PRIORITY_TIMEOUT,
@@ -54,6 +58,16 @@ OPTIONS: tuple[Option, ...] = (
         DEFAULT_CONNECT_TIMEOUT,
         "How long to try to reach a server before failing (e.g. `5s`).",
         minimum=0.1,
+    ),
+    _connection(
+        "silenceTimeout",
+        parse_duration,
+        DEFAULT_SILENCE_TIMEOUT,
+        "How long a connected server may send nothing, though pinged, before the connection moves to another of "
+        "`servers` (a frozen server or a network partition sends no reset). Lower notices such a server sooner; "
+        "too low for a server that stalls for seconds under load moves connections needlessly (each move asks "
+        "again for what was in flight, exactly once).",
+        minimum=0.3,
     ),
     Option(
         "pullBatchSize",

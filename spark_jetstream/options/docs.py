@@ -50,7 +50,7 @@ def options_markdown() -> str:
             "",
             *_table(options_for(STREAM), STREAM),
             "",
-            'Batch reads, `spark.read.format("jetstream")`: the connection options (`servers` to `connectTimeout`) and',
+            'Batch reads, `spark.read.format("jetstream")`: the connection options (`servers` to `silenceTimeout`) and',
             "",
             *_table(batch, BATCH),
             "",

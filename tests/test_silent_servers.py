@@ -1,0 +1,115 @@
+"""A silent server (frozen: SIGSTOP keeps its sockets open, answers nothing and sends no reset, as a paused VM or a
+partition does) is left for another server within ``silenceTimeout``; a quiet healthy one is not; a request that a
+silent server left unanswered says which server and for how long (decision 0026). The query-level faults are in
+``tests/test_leader_change_query.py`` (``*-sigstop``)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+from helpers import wait_for
+
+from spark_jetstream.client import retry
+from spark_jetstream.client.connection import Connection, ConnectionOptions, connect, disconnect
+from spark_jetstream.client.nats_client import server_address
+from spark_jetstream.errors import ClusterUnavailableError, OptionError
+from spark_jetstream.options import parse_connection_options
+from spark_jetstream.tools.embedded import EmbeddedServer
+
+
+@pytest.fixture
+def two_servers() -> Iterator[list[EmbeddedServer]]:
+    """Two standalone servers (each answers ``$JS.API.INFO`` itself); any frozen one is thawed at the end."""
+    servers = [EmbeddedServer(name=f"quiet-{i}").start() for i in range(2)]
+    yield servers
+    for server in servers:
+        if server.process is not None:
+            server.process.send_signal(signal.SIGCONT)
+        server.close()
+
+
+def _answers(conn: Connection) -> bool:
+    async def ask() -> bool:
+        try:
+            await conn.client.request("$JS.API.INFO", b"", timeout=0.5)
+            return True
+        except Exception:
+            return False
+
+    return conn.run(ask())
+
+
+def _on(conn: Connection, servers: list[EmbeddedServer]) -> EmbeddedServer:
+    where = server_address(conn.client)
+    return next(server for server in servers if where == f"127.0.0.1:{server.port}")
+
+
+@pytest.mark.slow
+def test_a_frozen_server_is_left_for_another_while_it_is_still_frozen(two_servers, caplog):
+    options = ConnectionOptions(servers=tuple(s.url for s in two_servers), silence_timeout=1.0)
+    conn = connect(options)
+    try:
+        frozen = _on(conn, two_servers)
+        other = next(server for server in two_servers if server is not frozen)
+        assert _answers(conn)
+        with caplog.at_level(logging.WARNING, logger="spark_jetstream.client.nats_client"):
+            assert frozen.process is not None
+            frozen.process.send_signal(signal.SIGSTOP)
+            wait_for(lambda: _on(conn, two_servers) is other and _answers(conn), 30, "the move to the other server")
+        assert frozen.process.poll() is None  # still there, still frozen: nothing closed the connection but us
+        address = f"127.0.0.1:{frozen.port}"
+        assert set(conn.client.silenced) == {address}
+        assert conn.client.silenced[address][1] >= 1.0
+        assert any(
+            re.search(rf"the server at {address} sent nothing for \d+\.\d s though pinged", record.getMessage())
+            for record in caplog.records
+        ), [record.getMessage() for record in caplog.records]
+    finally:
+        disconnect(options)
+
+
+@pytest.mark.slow
+def test_a_quiet_healthy_server_keeps_its_connection(two_servers):
+    """Nothing to read for many silence timeouts: the pings are answered, the connection stays where it is."""
+    options = ConnectionOptions(servers=(two_servers[0].url,), silence_timeout=0.6)
+    conn = connect(options)
+    try:
+        time.sleep(3.0)
+        assert conn.client.stats["reconnects"] == 0
+        assert conn.client.silenced == {}
+        assert _answers(conn)
+    finally:
+        disconnect(options)
+
+
+@pytest.mark.slow
+def test_a_request_a_silent_server_left_unanswered_names_the_server(two_servers):
+    """The only server freezes: the request runs out of time, and the error says which server went silent and for how
+    long, not a guess about leaders or configuration."""
+    server = two_servers[0]
+    options = ConnectionOptions(servers=(server.url,), silence_timeout=1.0, connect_timeout=1.0)
+    conn = connect(options)
+    try:
+        assert server.process is not None
+        server.process.send_signal(signal.SIGSTOP)
+        with pytest.raises(ClusterUnavailableError) as caught:
+            conn.run(retry.request(conn, "$JS.API.INFO", b"", "the JetStream account"), timeout=60)
+        message = str(caught.value)
+        assert f"the server at 127.0.0.1:{server.port} sent nothing for" in message, message
+        assert "though pinged (frozen, or cut off by the network)" in message, message
+        assert message.startswith("No server answered about the JetStream account within 15s"), message
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+        disconnect(options)
+
+
+def test_silence_timeout_is_a_connection_option():
+    assert parse_connection_options({"silenceTimeout": "1.5s"}).silence_timeout == 1.5
+    assert parse_connection_options({}).silence_timeout == 3.0
+    with pytest.raises(OptionError, match=re.escape("Option 'silenceTimeout' has an invalid value")):
+        parse_connection_options({"silenceTimeout": "100ms"})
