@@ -67,7 +67,15 @@ FAULTS = {
     "consumer-leader-sigterm": ("consumer leader", signal.SIGTERM),
     "meta-leader-sigterm": ("meta leader", signal.SIGTERM),
     "meta-leader-sigkill": ("meta leader", signal.SIGKILL),
+    "stream-leader-sigstop": ("stream leader", signal.SIGSTOP),
+    "query-connection-sigstop": ("query connection", signal.SIGSTOP),
+    "task-connections-sigstop": ("task connections", signal.SIGSTOP),
 }
+"""SIGSTOP freezes the server for ``FROZEN`` s (sockets open, nothing answered, no reset: a paused VM, a silent
+partition): the query must go on without it, committing new rows before it thaws."""
+FROZEN = 15.0
+"""Seconds a frozen server stays frozen: longer than an election (2-5 s) plus the connections' silence timeout
+(3 s) and a batch, so rows committed before the thaw were read without the frozen server."""
 
 
 def _create_stream(api: JetStreamApi, name: str, subjects: str) -> None:
@@ -142,7 +150,8 @@ def test_query_rides_through_the_fault_with_exact_output_and_floors(
         assert wait_healthy(api, stream, CONSUMERS, WAIT), "the stream and its members never had current replicas"
         time.sleep(SETTLE)
 
-        injected = inject_fault(fault, api, nats_cluster, stream, CONSUMERS, publisher, DOWN, WAIT, sig)
+        down = FROZEN if sig == signal.SIGSTOP else DOWN
+        injected = inject_fault(fault, api, nats_cluster, stream, CONSUMERS, publisher, down, WAIT, sig)
         new_rows: list[float] = []
 
         def new_rows_committed() -> bool:
@@ -191,6 +200,11 @@ def test_query_rides_through_the_fault_with_exact_output_and_floors(
             f"publishes retried {publisher.retries}; failed tasks {failed_tasks}; {last} messages"
         )
         assert recovery < RECOVERY_BOUND, f"new rows committed {recovery:.1f} s after the stream took writes again"
+        if sig == signal.SIGSTOP:
+            assert new_rows[0] < injected.restarted, (
+                f"the query committed new rows only {new_rows[0]:.1f} s after the freeze, after the server thawed "
+                f"({injected.restarted:.1f} s)"
+            )
         if fault == "consumer leader" and sig == signal.SIGKILL:  # its election takes seconds: rows come meanwhile
             assert injected.elected is not None and new_rows[0] < injected.elected, (
                 f"the query waited for member consumer {CONSUMERS[0]}'s new leader ({injected.elected:.1f} s after "

@@ -13,7 +13,10 @@ on its store ``DOWN`` s later:
   started on a stream that holds 20,000 messages, as the issue's was);
 * ``consumer leader``: SIGKILL of the leader of member consumer ``g-0`` (moved off the stream and
   meta leaders first, so the fault is the consumer's alone);
-* ``meta leader``: SIGTERM of the JetStream meta leader.
+* ``meta leader``: SIGTERM of the JetStream meta leader;
+* ``stream leader, frozen``, ``query connection, frozen``, ``task connections, frozen``: the stream's leader, the
+  server of the streaming reader's connection, the server of most task connections, frozen with SIGSTOP for
+  ``FROZEN`` s and then thawed (SIGCONT): no connection closes, nothing answers (a paused VM, a silent partition).
 
 Measured per fault, from the moment the signal is sent: when the lost leader's successor answered
 (``elected``: the stream or consumer info names another leader, or a surviving server's ``/jsz``
@@ -28,6 +31,7 @@ fault, and counted). The summary row is the worst recovery after a fault against
 from __future__ import annotations
 
 import re
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,7 +74,18 @@ BURST = 20_000
 """Messages published at once before ``stream leader, catching up``."""
 CATCH_UP = 4.0
 """Seconds from the burst to ``stream leader, catching up``'s fault."""
-FAULTS = ("none", "stream leader", "stream leader, catching up", "consumer leader", "meta leader")
+FROZEN = 20.0
+"""Seconds a frozen server stays frozen before it is thawed."""
+FAULTS = (
+    "none",
+    "stream leader",
+    "stream leader, catching up",
+    "consumer leader",
+    "meta leader",
+    "stream leader, frozen",
+    "query connection, frozen",
+    "task connections, frozen",
+)
 TARGET = 5.0
 """New rows committed within this many seconds of the stream taking writes again."""
 
@@ -149,8 +164,18 @@ def measure(suite: Suite, rounds: int) -> tuple[list[Result], int, int]:
                 publish_all(api.conn, ((f"{STREAM.lower()}.b{i % 211}", b"x" * 100, None) for i in range(BURST)))
             time.sleep(CATCH_UP if catching_up else SETTLE)
             behind = publisher.last_seq - (commits(checkpoint)[-1][1] if commits(checkpoint) else 0)
-            kind = fault.split(",")[0]
-            injected = inject_fault(kind, api, cluster, STREAM, consumers, publisher, DOWN, NEW_ROWS_WAIT)
+            kind, frozen = fault.split(",")[0], fault.endswith("frozen")
+            injected = inject_fault(
+                kind,
+                api,
+                cluster,
+                STREAM,
+                consumers,
+                publisher,
+                FROZEN if frozen else DOWN,
+                NEW_ROWS_WAIT,
+                signal.SIGSTOP if frozen else None,
+            )
             at = injected.at
             new_rows, writable, failed = None, None, "no"
             deadline = at + NEW_ROWS_WAIT
@@ -201,7 +226,8 @@ def print_results(results: list[Result]) -> None:
 def run(suite: Suite) -> None:
     rounds = suite.args.leader_rounds
     heading(
-        f"leader-change: 3-node cluster, {RATE} msg/s, victim restarted after {DOWN:g} s, {rounds} round(s) of "
+        f"leader-change: 3-node cluster, {RATE} msg/s, victim restarted after {DOWN:g} s (thawed after {FROZEN:g} s), "
+        f"{rounds} round(s) of "
         f"{', '.join(FAULTS)}"
     )
     results, restarts, retries = measure(suite, rounds)

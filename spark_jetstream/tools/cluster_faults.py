@@ -11,6 +11,7 @@ import json
 import signal
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -76,7 +77,9 @@ class Publisher:
     async def _run(self) -> None:
         import nats
 
-        client = await nats.connect(servers=self.servers, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+        client = await nats.connect(  # pings every second: a frozen server is left within 3 s, not 4 minutes
+            servers=self.servers, max_reconnect_attempts=-1, reconnect_time_wait=0.2, ping_interval=1
+        )
         js = client.jetstream()
         tick, per_tick, index = 0.02, max(1, round(self.rate * 0.02)), 0
         pending: set[asyncio.Task[None]] = set()
@@ -136,8 +139,34 @@ def leads(api: JetStreamApi, cluster: EmbeddedCluster, stream: str, consumers: l
     return ",".join(roles) or "-"
 
 
-FAULT_SIGNALS = {"stream leader": signal.SIGKILL, "consumer leader": signal.SIGKILL, "meta leader": signal.SIGTERM}
-"""The signal each fault of ``inject_fault`` sends by default."""
+FAULT_SIGNALS = {
+    "stream leader": signal.SIGKILL,
+    "consumer leader": signal.SIGKILL,
+    "meta leader": signal.SIGTERM,
+    "query connection": signal.SIGSTOP,
+    "task connections": signal.SIGSTOP,
+}
+"""The signal each fault of ``inject_fault`` sends by default. ``SIGSTOP`` freezes the server (sockets open, nothing
+answered, no reset: a paused VM, a silent partition); ``down`` s later ``SIGCONT`` thaws it."""
+
+CONNECTION_NAMES = {"query connection": "spark-jetstream query", "task connections": "spark-jetstream task"}
+"""Faults aimed at the server a kind of the connector's connections is on: the streaming reader's (the query), the
+tasks' (``connection.process_role``)."""
+
+
+def connected_server(cluster: EmbeddedCluster, name: str) -> EmbeddedServer | None:
+    """The server holding the most client connections named ``name`` (its ``/connz``), None: none anywhere."""
+    counts = {}
+    for server in cluster.servers:
+        try:
+            url = f"http://127.0.0.1:{server.monitor_port}/connz?limit=1024"
+            with urllib.request.urlopen(url, timeout=2) as response:
+                connections = json.load(response).get("connections") or []
+        except OSError:
+            continue
+        counts[server.name] = sum(1 for c in connections if c.get("name") == name)
+    busiest = max(counts, key=lambda n: counts[n], default=None)
+    return next(s for s in cluster.servers if s.name == busiest) if busiest and counts[busiest] else None
 
 
 @dataclass
@@ -175,11 +204,12 @@ def inject_fault(
     sig: signal.Signals | None = None,
 ) -> InjectedFault:
     """Inject ``fault`` (``none``, ``stream leader``, ``consumer leader``: of ``consumers[0]``, moved off the
-    stream and meta leaders first, so the fault is the consumer's alone, or ``meta leader``) by sending ``sig``
-    (default ``FAULT_SIGNALS[fault]``) to the server holding that leadership; a watcher thread records when a
-    successor answered (the stream or consumer info names another leader, or a surviving server's ``/jsz``
-    names a new meta leader; the time is the successor's ``leader_since``) and restarts the victim on its store
-    ``down`` s after the fault."""
+    stream and meta leaders first, so the fault is the consumer's alone, ``meta leader``, or the server of a kind of
+    connection, ``CONNECTION_NAMES``) by sending ``sig`` (default ``FAULT_SIGNALS[fault]``) to the server holding
+    that leadership or connection; a watcher thread records when a successor answered (the stream or consumer info
+    names another leader, or a surviving server's ``/jsz`` names a new meta leader; the time is the successor's
+    ``leader_since``; a connection's server has none) and restarts the victim on its store ``down`` s after the
+    fault, or thaws it (``SIGCONT``) after a ``SIGSTOP``."""
     names = [s.name for s in cluster.servers]
     by_name = {s.name: s for s in cluster.servers}
     meta = meta_leader(cluster.servers) or ""
@@ -197,12 +227,19 @@ def inject_fault(
         victim = by_name[api.consumer_info(stream, consumers[0])["cluster"]["leader"]]
     elif fault == "stream leader":
         victim = by_name[stream_leader]
+    elif fault in CONNECTION_NAMES:
+        found = connected_server(cluster, CONNECTION_NAMES[fault])
+        if found is None:
+            raise JetStreamError(f"no connection named {CONNECTION_NAMES[fault]!r} on any server")
+        victim = found
     else:
         victim = by_name[meta]
     led = leads(api, cluster, stream, consumers, victim.name)
     injected = InjectedFault(fault, time.time(), publisher.last_seq, victim, led)
     assert victim.process is not None
-    victim.process.send_signal(sig or FAULT_SIGNALS[fault])
+    sig = sig or FAULT_SIGNALS[fault]
+    victim.process.send_signal(sig)
+    frozen = victim.process if sig == signal.SIGSTOP else None
 
     def successor() -> tuple[str | None, float]:
         """The leader now, and since when (its ``leader_since``, else now)."""
@@ -216,7 +253,13 @@ def inject_fault(
     def follow() -> None:
         at = injected.at
         while time.time() < at + watch:
-            if injected.elected is None:
+            if frozen is not None and injected.restarted is None and time.time() >= at + down:
+                frozen.send_signal(signal.SIGCONT)
+                injected.restarted = time.time() - at
+            if fault in CONNECTION_NAMES:  # no leadership to hand over
+                if injected.restarted is not None:
+                    return
+            elif injected.elected is None:
                 try:
                     leader, since = successor()
                 except Exception:
@@ -225,7 +268,7 @@ def inject_fault(
                     injected.elected = since - at
             if victim.process is not None and victim.process.poll() is not None:
                 victim.process = None
-            if victim.process is None and time.time() >= at + down:
+            if frozen is None and victim.process is None and time.time() >= at + down:
                 try:
                     victim.start(wait=watch)  # a store recovered under load can take long
                 except JetStreamError as exc:  # this thread's exception would reach no one
