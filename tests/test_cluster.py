@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import random
+import signal
+import time
 
 import pyarrow as pa
 import pytest
 from helpers import query_not_failed, slow_parquet_query, wait_for
 
-from spark_jetstream.client.publish import publish_all
+from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
+from spark_jetstream.client.publish import MSG_ID_HEADER, Publisher, command, header_block, publish_all
 from spark_jetstream.groups.layout import member_consumer_config, partition_filters, partitioned_stream_config
 from spark_jetstream.read.ranges import MemberRange
 from spark_jetstream.streaming.pull import PullSettings, read_member
@@ -50,6 +55,54 @@ def test_consumer_leader_change_mid_read_loses_and_doubles_nothing(cluster_api):
     api.call(("CONSUMER", "LEADER", "STEPDOWN", "LC", "g-0"), None, "stepdown")
     seqs += _seqs(list(reader))
     assert seqs == list(range(published.first_seq, published.last_seq + 1))
+
+
+def test_publishes_a_frozen_stream_leader_swallowed_are_sent_again_and_stored_once(nats_cluster, cluster_api):
+    """The stream's leader freezes mid-write (SIGSTOP: no connection closes) while the writer's own server is well:
+    what was routed to the frozen leader gets no PubAck; sent again with its msg ids, the new leader stores it, each
+    message once, before the frozen server thaws (decision 0026)."""
+    api = cluster_api
+    api.create_stream({"name": "FW", "subjects": ["fw.>"], "num_replicas": 3, "storage": "file", "allow_direct": True})
+    wait_for(lambda: api.stream_info("FW")["cluster"].get("leader"), 30, "the stream's leader")
+    leader = api.stream_info("FW")["cluster"]["leader"]
+    frozen = next(server for server in nats_cluster.servers if server.name == leader)
+    follower = next(server for server in nats_cluster.servers if server.name != leader)
+    options = ConnectionOptions(servers=(follower.url,))
+    conn = connect(options)
+    count, before = 600, 200
+    publisher = conn.run(Publisher(conn, window=count, timeout=60, resend=True).open())
+    first = publisher.reserve(count, lambda i: f"fw.{i % 7}")
+    commands = [
+        command(f"fw.{i % 7}".encode(), publisher.reply_prefix + str(first + i).encode(), f"m{i}".encode(),
+                header_block({MSG_ID_HEADER: f"fw-{i}"}))
+        for i in range(count)
+    ]  # fmt: skip
+
+    async def write() -> float:
+        await publisher.send(b"".join(commands[:before]), before)
+        while publisher.outstanding:
+            await asyncio.sleep(0.01)
+        assert frozen.process is not None
+        frozen.process.send_signal(signal.SIGSTOP)
+        await publisher.send(b"".join(commands[before:]), count - before)
+        await publisher.finish()
+        return time.monotonic()
+
+    frozen_at = time.monotonic()
+    try:
+        done_at = conn.run(write(), timeout=90)
+        assert frozen.process.poll() is None  # still frozen
+    finally:
+        frozen.process.send_signal(signal.SIGCONT)
+        conn.run(publisher.close(), timeout=10)
+        disconnect(options)
+    assert publisher.resent >= count - before
+    print(f"\nstored {count - before} messages {done_at - frozen_at:.1f} s after the leader froze")
+    state = api.stream_info("FW")["state"]
+    assert state["messages"] == count, state
+    stored = [api.call(("STREAM", "MSG", "GET", "FW"), {"seq": seq}, "read")["message"] for seq in range(1, count + 1)]
+    assert sorted(int(base64.b64decode(message["data"])[1:]) for message in stored) == list(range(count))
+    api.delete_stream("FW")
 
 
 def test_query_survives_the_stream_and_consumer_leaders_being_killed(spark, nats_cluster, cluster_api, tmp_path):

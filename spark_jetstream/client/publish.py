@@ -10,22 +10,32 @@ call); only an error or a status goes through the per-message handler.
 Messages go out as ready-made ``PUB``/``HPUB`` protocol commands, many per socket write: the
 Spark writer builds them for a whole Arrow record batch at once (vectorized), ``publish_all``
 one by one. Either way each message's reply subject is ``<prefix>.<token>``, with tokens handed
-out by ``Publisher.reserve``, so a failed PubAck can be traced back to its subject.
+out by ``Publisher.reserve``, so a failed PubAck can be traced back to its subject, and the PubAcks
+that came are known token by token. Messages that all carry a ``Nats-Msg-Id`` are sent again when no
+PubAck came for ``RESEND_AFTER`` s (a stream leader that froze or died swallowed them; the connection's
+server went silent): the stream stores each once (decision 0026).
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import logging
 import re
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from spark_jetstream.client.connection import Connection
+from spark_jetstream.client.connection import ATTEMPT_TIMEOUT, Connection
 from spark_jetstream.client.nats_client import RawClient
 from spark_jetstream.client.protocol import HEADER_START, STATUS_PREFIX, BulkHandler, run_pattern, status_line
 from spark_jetstream.errors import JetStreamError
+
+log = logging.getLogger(__name__)
+
+RESEND_AFTER = ATTEMPT_TIMEOUT
+"""Seconds without any PubAck, while some are owed, after which messages that carry a ``Nats-Msg-Id`` are sent again
+(a stream acks within milliseconds; one whose leader froze or died swallowed what was sent to it)."""
 
 Message = tuple[str, bytes, dict[str, str] | None]
 """(subject, payload, headers or None)."""
@@ -106,7 +116,10 @@ class Publisher:
     """Pipelined publishes over one connection; every method runs on the connection's loop thread.
 
     ``reserve`` tokens, build commands whose reply is ``reply_prefix + token``, ``send`` them,
-    then ``finish`` waits for every PubAck and raises ``PublishError`` on any failure.
+    then ``finish`` waits for every PubAck and raises ``PublishError`` on any failure. Tokens are handed out and
+    sent in order, so a send's tokens follow the previous send's. With ``resend`` (every message carries a
+    ``Nats-Msg-Id``), the sends not yet wholly acked go out again after ``RESEND_AFTER`` s without a PubAck; a
+    PubAck for a token that has one already is ignored.
     """
 
     def __init__(
@@ -116,25 +129,36 @@ class Publisher:
         timeout: float = 30.0,
         seqs: bool = True,
         window_bytes: int = 32 * 1024 * 1024,
+        resend: bool = False,
     ) -> None:
         self.conn = conn
         self.seqs = seqs  # fill the result's seq range and streams (a cost per PubAck the sink skips)
         self.window = max(2, window)
         self.window_bytes = window_bytes
         self.timeout = timeout
+        self.resend = resend
         self.prefix = conn.client.new_inbox()
         self.reply_prefix = f"{self.prefix}.".encode()
         self.result = PublishResult()
         self.sent = 0
-        self.outstanding = 0
         self.outstanding_bytes = 0
-        self._sends: deque[tuple[int, int]] = deque()  # (messages sent up to its end, bytes) of each send not yet acked
+        self.resent = 0  # messages sent again
+        self._floor = 0  # every token below it has its PubAck
+        self._ahead: set[int] = set()  # tokens at or above the floor with their PubAck (acks out of order)
+        # (first token, end token, bytes, the commands while they may be sent again) of each send not wholly acked
+        self._sends: deque[tuple[int, int, int, bytes | memoryview | None]] = deque()
         self.failures: list[str] = []
         self._next_token = 0
         self._subjects: deque[tuple[int, Callable[[int], str]]] = deque()  # (first token, offset -> subject)
         self._room = asyncio.Event()  # set when the window has room again (or something failed)
         self._idle = asyncio.Event()  # set when nothing is outstanding (or something failed)
         self._sid: int | None = None
+        self._token_at = re.compile(rb"MSG %b(\d++) " % re.escape(self.reply_prefix))
+
+    @property
+    def outstanding(self) -> int:
+        """Messages sent that have no PubAck yet."""
+        return self.sent - self._floor - len(self._ahead)
 
     async def open(self) -> Publisher:
         _, self._sid = await self.conn.subscribe_raw(self._on_ack, f"{self.prefix}.*", self._stored_runs)
@@ -160,7 +184,7 @@ class Publisher:
         return lookup(token - first)
 
     async def send(self, commands: bytes | memoryview, count: int) -> None:
-        """Write ``count`` ready commands in one go once the window has room for them."""
+        """Write ``count`` ready commands (the next ``count`` tokens) in one go once the window has room."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         size = len(commands)
@@ -170,19 +194,49 @@ class Publisher:
             and not self.failures
         ):
             self._room.clear()
-            try:
-                await asyncio.wait_for(self._room.wait(), max(0.01, deadline - loop.time()))
-            except TimeoutError:
-                raise self._timeout_error() from None
+            await self._wait(self._room, deadline)
         self._raise_failures()
         client = self.conn.client
         if client.is_closed:
             raise PublishError(f"The connection to {self.conn.server_url} is closed: publishing stopped.")
-        self.outstanding += count
+        self._sends.append((self.sent, self.sent + count, size, commands if self.resend else None))
         self.sent += count
         self.outstanding_bytes += size
-        self._sends.append((self.sent, size))
         queue_commands(client, commands)
+        if client._flush_queue is not None and client._flush_queue.empty():
+            await client._flush_pending()
+
+    async def _wait(self, event: asyncio.Event, deadline: float) -> None:
+        """Wait for ``event`` until ``deadline`` (loop time); with ``resend``, every ``RESEND_AFTER`` s without a
+        PubAck the sends not wholly acked go out again."""
+        loop = asyncio.get_running_loop()
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise self._timeout_error()
+            answered = self._floor + len(self._ahead)
+            try:
+                await asyncio.wait_for(event.wait(), min(remaining, RESEND_AFTER) if self.resend else remaining)
+                return
+            except TimeoutError:
+                if self.resend and answered == self._floor + len(self._ahead) and loop.time() < deadline:
+                    await self._send_again()
+
+    async def _send_again(self) -> None:
+        """The sends not wholly acked, again: their messages carry ids, so the stream stores each once."""
+        again = sum(end - first for first, end, _, _ in self._sends)
+        log.info(
+            "No PubAck for %.1f s from %s: sending %d messages again with their msg ids (a stream leader froze or "
+            "died, or the connection moved)",
+            RESEND_AFTER,
+            self.conn.server_url,
+            again,
+        )
+        self.resent += again
+        client = self.conn.client
+        for _, _, _, commands in self._sends:
+            if commands is not None:
+                queue_commands(client, commands)
         if client._flush_queue is not None and client._flush_queue.empty():
             await client._flush_pending()
 
@@ -190,10 +244,7 @@ class Publisher:
         """Wait until every message sent has its PubAck; raise ``PublishError`` on any failure."""
         if self.outstanding and not self.failures:
             self._idle.clear()
-            try:
-                await asyncio.wait_for(self._idle.wait(), self.timeout)
-            except TimeoutError:
-                raise self._timeout_error() from None
+            await self._wait(self._idle, asyncio.get_running_loop().time() + self.timeout)
         self._raise_failures()
         return self.result
 
@@ -212,20 +263,29 @@ class Publisher:
     def _stored_runs(self, sid: int) -> BulkHandler:
         """Bulk handler of the PubAck subscription: takes consecutive PubAcks that all say stored."""
         pattern = run_pattern(sid, _STORED)
+        start = len(b"MSG ") + len(self.reply_prefix)
 
         def take(buf: bytearray, view: memoryview, pos: int) -> int:
             if matched := pattern.match(buf, pos):
                 run = bytes(view[pos : matched.end()])
                 count = run.count(b"\r\n{")  # one per message: where its payload starts
                 self._on_stored(count, run)
-                self._acked(count)
+                first = int(run[start : run.index(b" ", start)])
+                last_at = run.rfind(b"\r\nMSG ") + 2 + start if count > 1 else start
+                last = int(run[last_at : run.index(b" ", last_at)])
+                if first == self._floor and last == first + count - 1 and not self._ahead:
+                    self._floor = last + 1  # in order, as a stream acks: no token by token
+                    self._answered()
+                else:
+                    self._acked(int(token) for token in self._token_at.findall(run))
                 return matched.end()
             return pos
 
         return take
 
     def _on_stored(self, count: int, text: bytes) -> None:
-        """``count`` PubAcks that say stored arrived; ``text`` holds them (seqs, streams, duplicates)."""
+        """``count`` PubAcks that say stored arrived; ``text`` holds them (seqs, streams, duplicates). A message sent
+        again whose first PubAck was lost counts as a duplicate here."""
         result = self.result
         result.count += count
         result.duplicates += text.count(b'"duplicate"')
@@ -236,6 +296,9 @@ class Publisher:
 
     def _on_ack(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         """Raw handler of the PubAck subscription for what ``_stored_runs`` did not take."""
+        token = subject[len(self.reply_prefix) :]
+        if token.isdigit() and (int(token) < self._floor or int(token) in self._ahead):
+            return  # the PubAck of a message sent again, or again for one sent again: it has its answer
         if headers is not None and headers.startswith(STATUS_PREFIX):
             self._fail(subject, status_line(headers))
         elif b'"error"' in data:
@@ -245,20 +308,32 @@ class Publisher:
             self._fail(subject, f"{reason} (error {code.group(1).decode() if code else '?'})")
         else:  # stored, in a shape the run pattern does not know
             self._on_stored(1, data)
-        self._acked(1)
+        if token.isdigit():
+            self._acked((int(token),))
 
-    def _acked(self, count: int) -> None:
-        """``count`` more PubAcks: a send's bytes are released once as many PubAcks came as were sent up to its
-        end (a stream acks in order; PubAcks of several streams may interleave, which only delays the release)."""
-        self.outstanding -= count
-        acked, sends, subjects = self.sent - self.outstanding, self._sends, self._subjects
-        while sends and sends[0][0] <= acked:
-            self.outstanding_bytes -= sends.popleft()[1]
-        while len(subjects) > 1 and subjects[1][0] <= acked:  # acked: only a stream acking out of order names them
+    def _acked(self, tokens: Iterable[int]) -> None:
+        """PubAcks for ``tokens`` arrived (out of order, or repeated for messages sent again)."""
+        ahead = self._ahead
+        for token in tokens:
+            if token >= self._floor:
+                ahead.add(token)
+        while self._floor in ahead:
+            ahead.discard(self._floor)
+            self._floor += 1
+        self._answered()
+
+    def _answered(self) -> None:
+        """More PubAcks: a send's bytes are released once all its tokens are below the floor (PubAcks of several
+        streams may interleave, which only delays the release)."""
+        floor, sends, subjects = self._floor, self._sends, self._subjects
+        while sends and sends[0][1] <= floor:
+            self.outstanding_bytes -= sends.popleft()[2]
+        while len(subjects) > 1 and subjects[1][0] <= floor:  # acked: only a stream acking out of order names them
             subjects.popleft()
-        if (self.outstanding <= self.window // 2 and self.outstanding_bytes <= self.window_bytes // 2) or self.failures:
+        outstanding = self.outstanding
+        if (outstanding <= self.window // 2 and self.outstanding_bytes <= self.window_bytes // 2) or self.failures:
             self._room.set()
-            if not self.outstanding or self.failures:
+            if not outstanding or self.failures:
                 self._idle.set()
 
     def _fail(self, ack_subject: bytes, reason: str) -> None:

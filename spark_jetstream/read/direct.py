@@ -20,13 +20,14 @@ import heapq
 import json
 import logging
 import re
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 import pyarrow as pa
 
 from spark_jetstream.client import messages
-from spark_jetstream.client.connection import ATTEMPT_TIMEOUT, Connection
+from spark_jetstream.client.connection import DIRECT_ATTEMPT, Connection
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.protocol import STATUS_PREFIX, BulkHandler, status_line
 from spark_jetstream.errors import ClusterUnavailableError, ReaderError
@@ -189,12 +190,13 @@ class _DirectReader:
     async def _batch(self) -> None:
         """One Direct Get batch from ``last + 1``.
 
-        A request sent into a connection that then dropped (its server died) is never answered, and
-        while a stream has no responding replica the server answers 503: after ``ATTEMPT_TIMEOUT``
-        without a message, or on a 503, the rest is asked for again on a new inbox (late replies to
-        the old request are ignored), until ``api_timeout`` passes without progress.
+        A request sent into a connection that then dropped (its server died), or routed to a silent replica
+        (frozen, cut off), is never answered, and while a stream has no responding replica the server answers 503:
+        after ``DIRECT_ATTEMPT`` without a message, or on a 503, the rest is asked for again on a new inbox (late
+        replies to the old request are ignored), until ``api_timeout`` passes without progress.
         """
         loop = asyncio.get_running_loop()
+        started = time.monotonic()
         deadline = loop.time() + self.conn.api_timeout
         while True:
             wanted = min(self.range.direct_batch, self.range.end - self.last)
@@ -210,7 +212,7 @@ class _DirectReader:
             while not self.batch_done.is_set():
                 heard = self.received
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.batch_done.wait(), ATTEMPT_TIMEOUT)
+                    await asyncio.wait_for(self.batch_done.wait(), DIRECT_ATTEMPT)
                 if self.received > heard:
                     deadline = loop.time() + self.conn.api_timeout  # messages flow: not stuck
                 elif not self.batch_done.is_set():
@@ -220,8 +222,9 @@ class _DirectReader:
             if loop.time() >= deadline:
                 raise ClusterUnavailableError(
                     f"Direct Get on stream {self.range.stream!r} got no answer within {self.conn.api_timeout:g}s "
-                    f"(seq {self.last} read of {self.range.end}): no replica of the stream answers; is a majority "
-                    "of its servers down?"
+                    f"(seq {self.last} read of {self.range.end}) through {self.conn.server_url}"
+                    f"{self.conn.client.silence_since(started)}: no replica of the stream answers; are its servers "
+                    "up and reachable?"
                 )
             log.info("Asking stream %s again for %s from seq %d", self.range.stream, self.range.filter, self.last + 1)
             await asyncio.sleep(0.1 if self.unavailable else 0)

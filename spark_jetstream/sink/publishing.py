@@ -78,6 +78,11 @@ class Commands:
         self.expected_line = f"{EXPECTED_STREAM_HEADER}: {expected}\r\n".encode() if expected else None
         self._counting = pa.array([], pa.int64())
 
+    @property
+    def every_row_has_an_id(self) -> bool:
+        """Every message carries a ``Nats-Msg-Id`` (generated where a row has none): safe to send again."""
+        return self.id_prefix is not None and self.config.deduplicate
+
     def numbers(self, first: int, count: int) -> pa.Array:
         """``first .. first + count - 1`` as text (an arange is built once, not per slice)."""
         if len(self._counting) < count:
@@ -188,8 +193,9 @@ def publish_rows(
     id_prefix: str | None,
 ) -> tuple[int, int]:
     """Publish every row pipelined; return (messages stored, of which duplicates). Raises ``PublishError``."""
-    publisher = conn.run(Publisher(conn, config.window, config.timeout, False, config.window_bytes).open())
     commands = Commands(config, columns, id_prefix, conn.client.max_payload)
+    resend = commands.every_row_has_an_id
+    publisher = conn.run(Publisher(conn, config.window, config.timeout, False, config.window_bytes, resend).open())
     chunk, chunk_bytes = max(1, publisher.window // 2), max(1, publisher.window_bytes // 2)
     try:
         for batch in batches:
