@@ -139,6 +139,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cold-messages", type=int, default=None, help="messages of cold-job (3,000,000)")
     parser.add_argument("--first-batch-rounds", type=int, default=3, help="interleaved rounds of first-batch (3)")
     parser.add_argument("--leader-rounds", type=int, default=1, help="rounds of leader-change's faults (1)")
+    parser.add_argument(
+        "--leader-faults",
+        default="",
+        help="leader-change's faults to inject, separated by ';' (e.g. 'none;stream leader, frozen'); all by default",
+    )
     parser.add_argument("--pull-partitions", type=int, default=4, help="partitions (members) of pull-reader (4)")
     parser.add_argument("--pull-subjects", type=int, default=SUBJECTS, help="subjects of pull-reader (1,024)")
     parser.add_argument("--storage", choices=("file", "memory"), default="file", help="storage of every stream")

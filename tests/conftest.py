@@ -71,11 +71,12 @@ _IO_FIXTURES = frozenset(
 
 
 LONGEST_FIRST = (
+    "test_leader_change_query.py",
+    "test_silent_faults_query.py",
     "test_driver_kill.py",
     "test_faults.py",
     "test_sink.py",
     "test_source.py",
-    "test_leader_change_query.py",
     "test_security.py",
     "test_server_versions.py",
     "test_speculation.py",

@@ -16,7 +16,10 @@ on its store ``DOWN`` s later:
 * ``meta leader``: SIGTERM of the JetStream meta leader;
 * ``stream leader, frozen``, ``query connection, frozen``, ``task connections, frozen``: the stream's leader, the
   server of the streaming reader's connection, the server of most task connections, frozen with SIGSTOP for
-  ``FROZEN`` s and then thawed (SIGCONT): no connection closes, nothing answers (a paused VM, a silent partition).
+  ``FROZEN`` s and then thawed (SIGCONT): no connection closes, nothing answers (a paused VM, a silent partition);
+* ``stream leader, partitioned``, ``query connection, partitioned``: the same servers cut off from the cluster and
+  from Spark for ``FROZEN`` s (each server runs in a network namespace of its own, ``EmbeddedCluster(isolated=True)``;
+  its link goes down: packets dropped both ways, no reset), then healed. Needs root; without it these are left out.
 
 Measured per fault, from the moment the signal is sent: when the lost leader's successor answered
 (``elected``: the stream or consumer info names another leader, or a surviving server's ``/jsz``
@@ -30,6 +33,7 @@ fault, and counted). The summary row is the worst recovery after a fault against
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import time
@@ -85,6 +89,8 @@ FAULTS = (
     "stream leader, frozen",
     "query connection, frozen",
     "task connections, frozen",
+    "stream leader, partitioned",
+    "query connection, partitioned",
 )
 TARGET = 5.0
 """New rows committed within this many seconds of the stream taking writes again."""
@@ -133,10 +139,17 @@ def cause(text: str) -> str:
     return f"{found[-1][0]}: {found[-1][1]}"[:200] if found else text.strip().splitlines()[0][:200]
 
 
+def chosen(suite: Suite) -> list[str]:
+    """The faults ``--leader-faults`` names (all by default), in ``FAULTS``' order."""
+    wanted = suite.args.leader_faults
+    return [f for f in FAULTS if not wanted or f in [w.strip() for w in wanted.split(";")]]
+
+
 def measure(suite: Suite, rounds: int) -> tuple[list[Result], int, int]:
     """The faults ``rounds`` times on a cluster of their own; the results, query restarts and publish retries."""
     work = Path(suite.work, "leader-change")
-    cluster = EmbeddedCluster(3, name="lead").start()
+    isolated = os.geteuid() == 0  # a partition needs network namespaces
+    cluster = EmbeddedCluster(3, name="lead", isolated=isolated).start()
     servers = [s.url for s in cluster.servers]
     options = ConnectionOptions(servers=tuple(servers))
     results: list[Result] = []
@@ -155,7 +168,8 @@ def measure(suite: Suite, rounds: int) -> tuple[list[Result], int, int]:
             if query.exception() is not None:
                 raise SystemExit(f"FAILED: the leader-change query failed at start: {query.exception()}")
             time.sleep(0.2)
-        for fault in [f for _ in range(rounds) for f in FAULTS]:
+        faults = [f for f in chosen(suite) if isolated or not f.endswith("partitioned")]
+        for fault in [f for _ in range(rounds) for f in faults]:
             if not wait_healthy(api, STREAM, consumers):
                 print("  warning: the cluster did not become healthy again")
             catching_up = fault.endswith("catching up")
@@ -164,7 +178,7 @@ def measure(suite: Suite, rounds: int) -> tuple[list[Result], int, int]:
                 publish_all(api.conn, ((f"{STREAM.lower()}.b{i % 211}", b"x" * 100, None) for i in range(BURST)))
             time.sleep(CATCH_UP if catching_up else SETTLE)
             behind = publisher.last_seq - (commits(checkpoint)[-1][1] if commits(checkpoint) else 0)
-            kind, frozen = fault.split(",")[0], fault.endswith("frozen")
+            kind, frozen, partitioned = fault.split(",")[0], fault.endswith("frozen"), fault.endswith("partitioned")
             injected = inject_fault(
                 kind,
                 api,
@@ -172,9 +186,10 @@ def measure(suite: Suite, rounds: int) -> tuple[list[Result], int, int]:
                 STREAM,
                 consumers,
                 publisher,
-                FROZEN if frozen else DOWN,
+                FROZEN if frozen or partitioned else DOWN,
                 NEW_ROWS_WAIT,
                 signal.SIGSTOP if frozen else None,
+                partitioned,
             )
             at = injected.at
             new_rows, writable, failed = None, None, "no"
@@ -226,9 +241,8 @@ def print_results(results: list[Result]) -> None:
 def run(suite: Suite) -> None:
     rounds = suite.args.leader_rounds
     heading(
-        f"leader-change: 3-node cluster, {RATE} msg/s, victim restarted after {DOWN:g} s (thawed after {FROZEN:g} s), "
-        f"{rounds} round(s) of "
-        f"{', '.join(FAULTS)}"
+        f"leader-change: 3-node cluster, {RATE} msg/s, victim restarted after {DOWN:g} s (thawed or healed after "
+        f"{FROZEN:g} s), {rounds} round(s) of {', '.join(chosen(suite))}"
     )
     results, restarts, retries = measure(suite, rounds)
     print_results(results)

@@ -159,7 +159,7 @@ def connected_server(cluster: EmbeddedCluster, name: str) -> EmbeddedServer | No
     counts = {}
     for server in cluster.servers:
         try:
-            url = f"http://127.0.0.1:{server.monitor_port}/connz?limit=1024"
+            url = f"{server.monitor}/connz?limit=1024"
             with urllib.request.urlopen(url, timeout=2) as response:
                 connections = json.load(response).get("connections") or []
         except OSError:
@@ -202,6 +202,7 @@ def inject_fault(
     down: float,
     watch: float = 90.0,
     sig: signal.Signals | None = None,
+    partition: bool = False,
 ) -> InjectedFault:
     """Inject ``fault`` (``none``, ``stream leader``, ``consumer leader``: of ``consumers[0]``, moved off the
     stream and meta leaders first, so the fault is the consumer's alone, ``meta leader``, or the server of a kind of
@@ -209,7 +210,8 @@ def inject_fault(
     that leadership or connection; a watcher thread records when a successor answered (the stream or consumer info
     names another leader, or a surviving server's ``/jsz`` names a new meta leader; the time is the successor's
     ``leader_since``; a connection's server has none) and restarts the victim on its store ``down`` s after the
-    fault, or thaws it (``SIGCONT``) after a ``SIGSTOP``."""
+    fault, or thaws it (``SIGCONT``) after a ``SIGSTOP``. With ``partition`` (a cluster made ``isolated``) the
+    victim is cut off from the cluster and every client instead of signalled, and healed ``down`` s later."""
     names = [s.name for s in cluster.servers]
     by_name = {s.name: s for s in cluster.servers}
     meta = meta_leader(cluster.servers) or ""
@@ -237,9 +239,15 @@ def inject_fault(
     led = leads(api, cluster, stream, consumers, victim.name)
     injected = InjectedFault(fault, time.time(), publisher.last_seq, victim, led)
     assert victim.process is not None
-    sig = sig or FAULT_SIGNALS[fault]
-    victim.process.send_signal(sig)
-    frozen = victim.process if sig == signal.SIGSTOP else None
+    heal: Callable[[], None] | None = None  # ends a fault that leaves the process as it is (a freeze, a partition)
+    if partition:
+        cluster.partition(victim)
+        heal = lambda: cluster.partition(victim, cut=False)  # noqa: E731
+    else:
+        sig = sig or FAULT_SIGNALS[fault]
+        victim.process.send_signal(sig)
+        if sig == signal.SIGSTOP:
+            heal = lambda process=victim.process: process.send_signal(signal.SIGCONT)  # noqa: E731
 
     def successor() -> tuple[str | None, float]:
         """The leader now, and since when (its ``leader_since``, else now)."""
@@ -253,8 +261,8 @@ def inject_fault(
     def follow() -> None:
         at = injected.at
         while time.time() < at + watch:
-            if frozen is not None and injected.restarted is None and time.time() >= at + down:
-                frozen.send_signal(signal.SIGCONT)
+            if heal is not None and injected.restarted is None and time.time() >= at + down:
+                heal()
                 injected.restarted = time.time() - at
             if fault in CONNECTION_NAMES:  # no leadership to hand over
                 if injected.restarted is not None:
@@ -268,7 +276,7 @@ def inject_fault(
                     injected.elected = since - at
             if victim.process is not None and victim.process.poll() is not None:
                 victim.process = None
-            if frozen is None and victim.process is None and time.time() >= at + down:
+            if heal is None and victim.process is None and time.time() >= at + down:
                 try:
                     victim.start(wait=watch)  # a store recovered under load can take long
                 except JetStreamError as exc:  # this thread's exception would reach no one

