@@ -1,7 +1,7 @@
 """A silent server (frozen: SIGSTOP keeps its sockets open, answers nothing and sends no reset, as a paused VM or a
 partition does) is left for another server within ``silenceTimeout``; a quiet healthy one is not; a request that a
 silent server left unanswered says which server and for how long (decision 0026). The query-level faults are in
-``tests/test_leader_change_query.py`` (``*-sigstop``)."""
+``tests/test_silent_faults_query.py``."""
 
 from __future__ import annotations
 
