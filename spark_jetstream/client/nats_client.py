@@ -80,6 +80,7 @@ class RawClient(_NatsClient):
         self.silenced: dict[str, tuple[float, float]] = {}  # "host:port" -> (when left, seconds it was silent)
         self._heard = True  # bytes came from the server since the last look (``_ping_interval``)
         self._tried: dict[str, float] = {}  # "host:port" -> when a reconnect last tried it (``next_server``)
+        self._moves: list[asyncio.Future[None]] = []  # waiting for the next reconnect (``moved``)
 
     async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
         """A server that offers TLS without requiring it (``allow_non_tls``) is asked for it: nats-py
@@ -209,6 +210,20 @@ class RawClient(_NatsClient):
             f"; the server at {', '.join(left)} though pinged (frozen, or cut off by the network) and the connection "
             f"moved on (now {server_address(self)})"
         )
+
+    def moved(self) -> asyncio.Future[None]:
+        """Done when the connection next comes back after a reconnect (to whichever server): what was sent before
+        it and not answered yet will not be (``retry``)."""
+        future = asyncio.get_running_loop().create_future()
+        self._moves.append(future)
+        return future
+
+    async def on_reconnected(self) -> None:
+        """nats-py's ``reconnected_cb``: wakes ``moved``'s waiters."""
+        moves, self._moves = self._moves, []
+        for future in moves:
+            if not future.done():
+                future.set_result(None)
 
     def next_server(self, servers: list[Server], _info: dict[str, Any]) -> tuple[Server, float]:
         """nats-py's reconnect asks this before each attempt: the server of the pool tried longest ago, those left
@@ -391,6 +406,7 @@ async def open_client(
         max_reconnect_attempts=-1 if reconnect_for is None else max(1, math.ceil(reconnect_for / RECONNECT_WAIT)),
         reconnect_time_wait=RECONNECT_WAIT,
         reconnect_to_server_handler=client.next_server,
+        reconnected_cb=client.on_reconnected,
         error_cb=on_error,
         tls=tls,
         user_credentials=options.creds,

@@ -9,11 +9,14 @@ says what was happening meanwhile (an election, a missing leader, a lost connect
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from nats.aio.msg import Msg
 from nats.errors import ConnectionClosedError, NoRespondersError
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from spark_jetstream.client.connection import (
@@ -67,8 +70,11 @@ async def request(
         while True:
             attempt = max(0.05, min(deadline - loop.time(), ATTEMPT_TIMEOUT))
             try:
-                reply = await conn.client.request(subject, payload, timeout=attempt)
-                return reply.data if answer is None else await answer(reply.data)
+                reply = await _unless_moved(conn, conn.client.request(subject, payload, timeout=attempt))
+                if reply is None:
+                    watch.saw("connection moved")
+                else:
+                    return reply.data if answer is None else await answer(reply.data)
             except Retry as exc:
                 watch.saw(str(exc))
             except NoRespondersError:
@@ -102,6 +108,26 @@ async def request(
             delay = min(delay * 2, 1.0)
     finally:
         watch.close()
+
+
+async def _unless_moved(conn: Connection, request: Coroutine[Any, Any, Msg]) -> Msg | None:
+    """The reply to ``request``, or None when the connection moved to another server while it waited: a request
+    sent to the server left behind (silent, or gone) is never answered, so it is asked again at once instead of at
+    the attempt's timeout. A request sent while reconnecting goes out after the move and is waited for."""
+    task = asyncio.ensure_future(request)
+    if not conn.client.is_connected:
+        return await task
+    moved = conn.client.moved()
+    try:
+        await asyncio.wait({task, moved}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        moved.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, NatsError):
+        await task
+    return None
 
 
 def not_permitted(action: str, subject: str, asset: str = "") -> str:
