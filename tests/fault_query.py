@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from helpers import wait_for
@@ -100,7 +101,7 @@ class Running:
         assert self.query.isActive, "the query stopped"
         assert [q.runId for q in self.spark.streams.active] == [self.run_id], "the query was restarted"
 
-    def wait_for(self, done, what: str) -> None:
+    def wait_for(self, done, what: str | Callable[[], str]) -> None:
         """The shared ``wait_for``, up to ``WAIT`` seconds, checking all along that the query still runs (``check``)."""
         wait_for(done, WAIT, what, poll=0.2, check=self.check)
 
