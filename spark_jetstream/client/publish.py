@@ -153,7 +153,8 @@ class Publisher:
         self._room = asyncio.Event()  # set when the window has room again (or something failed)
         self._idle = asyncio.Event()  # set when nothing is outstanding (or something failed)
         self._sid: int | None = None
-        self._token_at = re.compile(rb"MSG %b(\d++) " % re.escape(self.reply_prefix))
+        # a run's PubAcks one by one: (token, PubAck) (the run pattern keeps each PubAck on one line)
+        self._acks_in = re.compile(rb"MSG %b(\d++) [^\r\n]*+\r\n([^\r\n]*+)\r\n" % re.escape(self.reply_prefix))
 
     @property
     def outstanding(self) -> int:
@@ -269,15 +270,22 @@ class Publisher:
             if matched := pattern.match(buf, pos):
                 run = bytes(view[pos : matched.end()])
                 count = run.count(b"\r\n{")  # one per message: where its payload starts
-                self._on_stored(count, run)
                 first = int(run[start : run.index(b" ", start)])
                 last_at = run.rfind(b"\r\nMSG ") + 2 + start if count > 1 else start
                 last = int(run[last_at : run.index(b" ", last_at)])
                 if first == self._floor and last == first + count - 1 and not self._ahead:
                     self._floor = last + 1  # in order, as a stream acks: no token by token
-                    self._answered()
-                else:
-                    self._acked(int(token) for token in self._token_at.findall(run))
+                    self._on_stored(count, run)
+                else:  # several streams' PubAcks interleaved, or PubAcks again for messages sent again
+                    acks = self._acks_in.findall(run)
+                    new = [self._first_ack(int(token)) for token, _ in acks]
+                    if all(new):
+                        self._on_stored(count, run)
+                    else:
+                        for (_, ack), counted in zip(acks, new, strict=True):
+                            if counted:
+                                self._on_stored(1, ack)
+                self._answered()
                 return matched.end()
             return pos
 
@@ -297,8 +305,8 @@ class Publisher:
     def _on_ack(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         """Raw handler of the PubAck subscription for what ``_stored_runs`` did not take."""
         token = subject[len(self.reply_prefix) :]
-        if token.isdigit() and (int(token) < self._floor or int(token) in self._ahead):
-            return  # the PubAck of a message sent again, or again for one sent again: it has its answer
+        if token.isdigit() and not self._first_ack(int(token)):
+            return  # a PubAck again, for a message sent again: it has its answer
         if headers is not None and headers.startswith(STATUS_PREFIX):
             self._fail(subject, status_line(headers))
         elif b'"error"' in data:
@@ -308,19 +316,18 @@ class Publisher:
             self._fail(subject, f"{reason} (error {code.group(1).decode() if code else '?'})")
         else:  # stored, in a shape the run pattern does not know
             self._on_stored(1, data)
-        if token.isdigit():
-            self._acked((int(token),))
+        self._answered()
 
-    def _acked(self, tokens: Iterable[int]) -> None:
-        """PubAcks for ``tokens`` arrived (out of order, or repeated for messages sent again)."""
+    def _first_ack(self, token: int) -> bool:
+        """Record the PubAck of ``token`` (out of order, maybe); False when it had one already (sent again)."""
+        if token < self._floor or token in self._ahead:
+            return False
         ahead = self._ahead
-        for token in tokens:
-            if token >= self._floor:
-                ahead.add(token)
+        ahead.add(token)
         while self._floor in ahead:
             ahead.discard(self._floor)
             self._floor += 1
-        self._answered()
+        return True
 
     def _answered(self) -> None:
         """More PubAcks: a send's bytes are released once all its tokens are below the floor (PubAcks of several
