@@ -80,7 +80,7 @@ class RawClient(_NatsClient):
         self.silenced: dict[str, tuple[float, float]] = {}  # "host:port" -> (when left, seconds it was silent)
         self._heard = True  # bytes came from the server since the last look (``_ping_interval``)
         self._tried: dict[str, float] = {}  # "host:port" -> when a reconnect last tried it (``next_server``)
-        self._moves: list[asyncio.Future[None]] = []  # waiting for the next reconnect (``moved``)
+        self._moved: asyncio.Future[None] | None = None  # done at the next reconnect (``moved``)
 
     async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
         """A server that offers TLS without requiring it (``allow_non_tls``) is asked for it: nats-py
@@ -213,17 +213,15 @@ class RawClient(_NatsClient):
 
     def moved(self) -> asyncio.Future[None]:
         """Done when the connection next comes back after a reconnect (to whichever server): what was sent before
-        it and not answered yet will not be (``retry``)."""
-        future = asyncio.get_running_loop().create_future()
-        self._moves.append(future)
-        return future
+        it and not answered yet will not be (``retry``). One future for all waiters until then: don't cancel it."""
+        if self._moved is None or self._moved.done():
+            self._moved = asyncio.get_running_loop().create_future()
+        return self._moved
 
     async def on_reconnected(self) -> None:
         """nats-py's ``reconnected_cb``: wakes ``moved``'s waiters."""
-        moves, self._moves = self._moves, []
-        for future in moves:
-            if not future.done():
-                future.set_result(None)
+        if self._moved is not None and not self._moved.done():
+            self._moved.set_result(None)
 
     def next_server(self, servers: list[Server], _info: dict[str, Any]) -> tuple[Server, float]:
         """nats-py's reconnect asks this before each attempt: the server of the pool tried longest ago, those left

@@ -117,11 +117,11 @@ async def _unless_moved(conn: Connection, request: Coroutine[Any, Any, Msg]) -> 
     task = asyncio.ensure_future(request)
     if not conn.client.is_connected:
         return await task
-    moved = conn.client.moved()
     try:
-        await asyncio.wait({task, moved}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        moved.cancel()
+        await asyncio.wait({task, conn.client.moved()}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
     if task.done():
         return task.result()
     task.cancel()
