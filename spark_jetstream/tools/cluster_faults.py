@@ -15,6 +15,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -244,12 +245,12 @@ def inject_fault(
     heal: Callable[[], None] | None = None  # ends a fault that leaves the process as it is (a freeze, a partition)
     if partition:
         cluster.partition(victim)
-        heal = lambda: cluster.partition(victim, cut=False)  # noqa: E731
+        heal = partial(cluster.partition, victim, cut=False)
     else:
         sig = sig or FAULT_SIGNALS[fault]
         victim.process.send_signal(sig)
         if sig == signal.SIGSTOP:
-            heal = lambda process=victim.process: process.send_signal(signal.SIGCONT)  # noqa: E731
+            heal = partial(victim.process.send_signal, signal.SIGCONT)
 
     def successor() -> tuple[str | None, float]:
         """The leader now, and since when (its ``leader_since``, else now)."""

@@ -49,6 +49,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+_IP = shutil.which("ip") or "/sbin/ip"
+"""iproute2, for servers in network namespaces (``IsolatedNetwork``): by path, as the start-up shim execs it."""
+
 _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nats-server-spawner")
 """PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, so every server is started
 from this one long-lived thread: a server started from a short-lived thread would die with it."""
@@ -141,8 +144,7 @@ class EmbeddedServer:
         conf = Path(self.dir, "server.conf")
         conf.write_text(_to_conf(self.config())[2:-2] + "\n")
         with open(Path(self.dir, "server.log"), "ab") as log:
-            ip = shutil.which("ip") or "/sbin/ip"
-            inside = [ip, "netns", "exec", self.netns] if self.netns else []  # ip execs the server: the same process
+            inside = [_IP, "netns", "exec", self.netns] if self.netns else []  # ip execs the server: the same process
             command = _dying_with_this_process([*inside, self.binary, "-c", str(conf)])
             self.process = _spawner.submit(subprocess.Popen, command, stdout=log, stderr=subprocess.STDOUT).result()
 
@@ -278,7 +280,7 @@ class IsolatedNetwork:
 
     def __init__(self, size: int) -> None:
         tag = f"{os.getpid() % 100_000:05d}"
-        taken = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True, check=True).stdout
+        taken = subprocess.run([_IP, "-o", "-4", "addr"], capture_output=True, text=True, check=True).stdout
         subnet = next(n for n in range(os.getpid() % 200 + 1, 256) if f" 10.77.{n}." not in taken)
         self.bridge = f"sjb{tag}"
         self.links = [f"sjv{tag}{index}" for index in range(size)]
@@ -306,7 +308,7 @@ class IsolatedNetwork:
 
     @staticmethod
     def _ip(*args: str) -> None:
-        done = subprocess.run(["ip", *args], capture_output=True, text=True)
+        done = subprocess.run([_IP, *args], capture_output=True, text=True)
         if done.returncode != 0:
             raise JetStreamError(f"`ip {' '.join(args)}` failed (an isolated network needs root): {done.stderr}")
 
@@ -315,8 +317,8 @@ class IsolatedNetwork:
 
     def close(self) -> None:
         for namespace in self.namespaces:
-            subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
-        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+            subprocess.run([_IP, "netns", "del", namespace], capture_output=True)
+        subprocess.run([_IP, "link", "del", self.bridge], capture_output=True)
 
 
 # -- leader faults on a cluster: tests/test_leader_change_query.py and bench/scenarios/leader_change.py -
