@@ -15,6 +15,7 @@ from spark_jetstream.options import (
     PULL_OPTIONS,
     READER_OPTIONS,
     STREAM,
+    WRITE,
     parse_connection_options,
     parse_duration,
     parse_options,
@@ -153,6 +154,31 @@ def test_batch_reads_take_the_pull_options_of_their_consumer_path():
     assert (config.read_mode, config.batch, config.max_bytes) == ("pull", 200, 1 << 20)
     with pytest.raises(OptionError, match="Option 'pullsInFlight' applies to spark.readStream only"):
         BatchConfig.parse({"stream": "S", "pullsInFlight": "2"})
+
+
+def test_options_spark_sets_on_a_writer_are_not_the_users():
+    """PySpark 4.0-4.3 pass ``checkpointlocation`` and ``queryname`` to a streaming writer (a declarative pipeline's
+    sink too); a user's typo beside them is still refused."""
+    raw = {"servers": "nats://127.0.0.1:1", "checkpointlocation": "/cp", "queryname": "q"}
+    assert parse_options(raw, WRITE)["servers"] == ("nats://127.0.0.1:1",)
+    with pytest.raises(OptionError, match=r"^Unknown option 'subjct'\. Did you mean 'subject'\? Valid options: "):
+        parse_options({**raw, "subjct": "x"}, WRITE)
+
+
+@pytest.mark.parametrize(
+    ("mode", "fix"),
+    [
+        (WRITE, "name the stream's subject with .option('subject', ...)"),
+        (BATCH, "name the stream with"),
+        (LOAD, "name"),
+    ],
+)
+def test_a_path_given_to_load_or_save_is_refused_saying_what_to_set(mode, fix):
+    with pytest.raises(
+        OptionError, match=r"^The jetstream format takes no path \('ORDERS', given to load\(\) or save\(\)\): "
+    ) as caught:
+        parse_options({"stream": "S", "path": "ORDERS"}, mode)
+    assert fix in str(caught.value)
 
 
 @pytest.mark.parametrize("mode", [BATCH, LOAD])

@@ -238,6 +238,7 @@ def test_a_streaming_write_error_fails_the_query_naming_the_subject(spark, nats_
         .writeStream.format("jetstream")
         .option("servers", nats_server.url)
         .option("checkpointLocation", str(tmp_path / "cp"))
+        .queryName("unrouted")  # Spark passes it to the sink as option 'queryname': accepted
         .trigger(availableNow=True)
         .start()
     )

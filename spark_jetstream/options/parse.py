@@ -12,8 +12,16 @@ from spark_jetstream.errors import OptionError
 from spark_jetstream.options.definitions import OPTIONS, options_for
 from spark_jetstream.options.option import BATCH, READ, STREAM, WRITE, Option
 
-SPARK_WRITE_OPTIONS = frozenset({"checkpointlocation"})
-"""Options Spark itself adds to a streaming writer's options: not ours to check."""
+SPARK_WRITE_OPTIONS = frozenset({"checkpointlocation", "queryname"})
+"""Options Spark itself adds to a streaming writer's options (PySpark 4.0-4.3, and a declarative pipeline's sink):
+not ours to check, nor to use."""
+
+_PATH = {
+    WRITE: "name the stream's subject with .option('subject', ...), and call save() without a path",
+    STREAM: "name the stream with .option('stream', ...) (or a KV bucket with .option('bucket', ...)), and call "
+    "load() without a path",
+}
+"""What a path given to ``load(path)`` or ``save(path)`` (Spark's option 'path') is told to do instead."""
 
 _WRONG_MODE = {
     BATCH: "applies to spark.readStream only: a batch read has no micro-batches or member consumers. Remove it "
@@ -34,6 +42,12 @@ def parse_options(raw: Mapping[str, str], allowed: str | frozenset[str] | Iterab
     by_lower = {option.name.lower(): option for option in options}
     if WRITE in modes:
         raw = {key: value for key, value in raw.items() if key.lower() not in SPARK_WRITE_OPTIONS}
+    path = next((value for key, value in raw.items() if key.lower() == "path"), None)
+    if path is not None:
+        raise OptionError(
+            f"The jetstream format takes no path ({path!r}, given to load() or save()): "
+            f"{_PATH[WRITE if WRITE in modes else STREAM]}."
+        )
     if len(modes) == 1 and (mode := next(iter(modes))) in _WRONG_MODE:
         for key in raw:
             other = next((o for o in OPTIONS if o.name.lower() == key.lower() and o.modes & READ), None)
