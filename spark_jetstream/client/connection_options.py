@@ -1,7 +1,7 @@
 """Where and how to connect: ``ConnectionOptions``, the connection cache's key, and its defaults.
 
 The client layer needs it without the option table: the defaults live here and
-``options/definitions.py`` shows them (``servers``, ``connectTimeout``); ``options.connection_options``
+``options/connection.py`` shows them (``servers``, ``connectTimeout``); ``options.connection_options``
 builds one from parsed option values.
 """
 

@@ -11,8 +11,9 @@ defaults itself and the definitions show them), the command line builds its conn
 and the README's option tables are generated from them, so code and docs cannot drift apart.
 
 This module is what the rest of the package imports; what an option is lives in ``options/option.py``, the
-table in ``options/definitions.py``, the rules in ``options/parse.py``, the README's tables in ``options/docs.py``
-and the value parsers in ``options/parsers.py``.
+table in ``options/definitions.py`` (gathered from ``connection.py``, ``reads.py``, ``groups.py`` and
+``writes.py``), the rules in ``options/parse.py``, the README's tables in ``options/docs.py`` and the value parsers
+in ``options/parsers.py``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,53 @@
+"""The connection options: which servers, whose credentials, how long to wait. Every mode takes them (``ALL``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from spark_jetstream.client.connection_options import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_SERVERS,
+    DEFAULT_SILENCE_TIMEOUT,
+)
+from spark_jetstream.options.option import ALL, Option
+from spark_jetstream.options.parsers import (
+    parse_duration,
+    parse_servers,
+    parse_text,
+)
+
+
+def _connection(name: str, parse: Callable[[str], Any], default: Any, doc: str, **extra: Any) -> Option:
+    return Option(name, parse, default, doc, ALL, "connection", **extra)
+
+
+CONNECTION: tuple[Option, ...] = (
+    _connection("servers", parse_servers, DEFAULT_SERVERS, "Comma-separated NATS server URLs."),
+    _connection("creds", parse_text, None, "Path of a NATS credentials file (JWT and nkey seed)."),
+    _connection("nkey", parse_text, None, "Path of a file holding an nkey seed."),
+    _connection("token", parse_text, None, "Authentication token.", secret=True),
+    _connection("user", parse_text, None, "User name (with `password`)."),
+    _connection("password", parse_text, None, "Password (with `user`).", secret=True),
+    _connection("tls.ca", parse_text, None, "Path of the CA certificate that signed the server's certificate."),
+    _connection("tls.cert", parse_text, None, "Path of the client certificate for mutual TLS (with `tls.key`)."),
+    _connection("tls.key", parse_text, None, "Path of the client private key for mutual TLS."),
+    _connection("domain", parse_text, None, "JetStream domain, when the stream lives in another domain."),
+    _connection(
+        "connectTimeout",
+        parse_duration,
+        DEFAULT_CONNECT_TIMEOUT,
+        "How long to try to reach a server before failing (e.g. `5s`).",
+        minimum=0.1,
+    ),
+    _connection(
+        "silenceTimeout",
+        parse_duration,
+        DEFAULT_SILENCE_TIMEOUT,
+        "How long a connected server may send nothing, though pinged, before the connection moves to another of "
+        "`servers` (a frozen server or a network partition sends no reset). Lower notices such a server sooner; "
+        "too low for a server that stalls for seconds under load moves connections needlessly (each move asks "
+        "again for what was in flight, exactly once).",
+        minimum=0.3,
+    ),
+)
