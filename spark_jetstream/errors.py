@@ -15,6 +15,7 @@ _USERINFO = re.compile(r"(?P<lead>//|(?<![^\s'\"(,=]))(?P<user>[^\s'\"(,=/@:]*)(
 typed, even malformed: ``nats//alice:pw@host``, ``alice:pw@host``)."""
 _NKEY_SEED = re.compile(r"\bS[UAONCXP][A-Z2-7]{56}\b")
 _JWT = re.compile(r"\beyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
+_PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(-----END [A-Z ]*PRIVATE KEY-----|\Z)", re.S)
 HIDDEN = "***"
 
 
@@ -26,7 +27,7 @@ def _hide_userinfo(match: re.Match[str]) -> str:
 
 def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
     """``text`` with every secret replaced by ``***``: the password (or token) in a URL's userinfo
-    (``nats://alice:***@host:4222``), nkey seeds, JWTs, and each of ``secrets`` (option values).
+    (``nats://alice:***@host:4222``), nkey seeds, JWTs, PEM private keys, and each of ``secrets`` (option values).
 
     The one redaction of the connector: every error message goes through it (``JetStreamError``),
     and so does everything else that shows server URLs or options (``repr``, the command line).
@@ -35,7 +36,7 @@ def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
         if secret:
             text = text.replace(secret, HIDDEN)
     text = _USERINFO.sub(_hide_userinfo, text)
-    return _JWT.sub(HIDDEN, _NKEY_SEED.sub(HIDDEN, text))
+    return _JWT.sub(HIDDEN, _NKEY_SEED.sub(HIDDEN, _PRIVATE_KEY.sub(HIDDEN, text)))
 
 
 class JetStreamError(Exception):

@@ -85,6 +85,30 @@ def test_secrets_never_show():
     assert options.describe_auth() == "token, user/password"
 
 
+@pytest.mark.parametrize(
+    ("path", "text"), [("creds", "credsSecret"), ("nkey", "nkeySecret"), ("tls.key", "tls.keySecret")]
+)
+def test_a_secret_as_text_or_a_path_not_both(path, text):
+    values = parse_options({text: "SU-seed-Or-pem-9"}, CONNECTION_OPTIONS)
+    options = ConnectionOptions(**{option.attr: values[option.name] for option in CONNECTION_OPTIONS})
+    assert "SU-seed-Or-pem-9" not in repr(options) and options.secrets == ("SU-seed-Or-pem-9",)
+    with pytest.raises(OptionError, match=rf"^Set {re.escape(path)} or {re.escape(text)}, not both\.$"):
+        parse_options({path: "/k", text.lower(): "x"}, CONNECTION_OPTIONS)
+    with pytest.raises(OptionError, match=rf"^Option '{re.escape(text)}' has an invalid value <hidden>"):
+        parse_options({text: ""}, CONNECTION_OPTIONS)
+
+
+def test_an_imported_api_prefix_replaces_the_domain():
+    assert parse_connection_options({"apiPrefix": " JS.OWNER.API.> "}).api_prefix == "JS.OWNER.API"
+    assert parse_connection_options({"apiprefix": "JS.OWNER.API"}).api_prefix == "JS.OWNER.API"
+    with pytest.raises(OptionError, match=r"^Set domain or apiPrefix, not both\."):
+        parse_connection_options({"domain": "hub", "apiPrefix": "JS.OWNER.API"})
+    with pytest.raises(
+        OptionError, match=r"^Option 'apiPrefix' has an invalid value 'JS.\*.API': expected the subject"
+    ):
+        parse_connection_options({"apiPrefix": "JS.*.API"})
+
+
 def test_pull_settings_keep_heartbeat_under_half_the_expiry():
     values = parse_options({"pullExpires": "2s", "pullBatchSize": "1_000"}, PULL_OPTIONS)
     settings = PullSettings.from_options(values)

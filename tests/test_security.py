@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from helpers import error_text
 
 from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.errors import ConnectError
+from spark_jetstream.errors import ConnectError, OptionError
 from spark_jetstream.options import parse_connection_options
 from spark_jetstream.tools.embedded import EmbeddedServer
 
@@ -78,6 +79,32 @@ def test_mutual_tls(mtls_server, pki):
     disconnect(options)
     with pytest.raises(ConnectError, match="TLS|certificate|refused"):
         connect(ConnectionOptions(servers=(mtls_server.url,), tls_ca=pki["ca.pem"], connect_timeout=3))
+
+
+def _open_files() -> list[str]:
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            found.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return found
+
+
+def test_mutual_tls_with_the_key_as_text(mtls_server, pki):
+    """``tls.keySecret``: the PEM text reaches OpenSSL through an in-memory file, closed again; a wrong text is
+    refused naming the option, never quoting the key."""
+    key = Path(pki["client.key"]).read_text()
+    raw = {"servers": mtls_server.url, "tls.ca": pki["ca.pem"], "tls.cert": pki["client.pem"], "tls.keySecret": key}
+    options = parse_connection_options(raw)
+    assert key not in repr(options)
+    assert JetStreamApi(connect(options)).account_info()["type"].endswith("account_info_response")
+    disconnect(options)
+    assert not [fd for fd in _open_files() if "spark-jetstream-key" in fd], "the in-memory key file was left open"
+    broken = key.replace(key.splitlines()[2], "A" * len(key.splitlines()[2]))
+    with pytest.raises(ConnectError, match=r"Cannot load the TLS files named by tls.ca/tls.cert/tls.keySecret") as e:
+        connect(parse_connection_options({**raw, "tls.keySecret": broken, "connectTimeout": "2s"}))
+    assert "PRIVATE KEY" not in str(e.value) and broken.splitlines()[2] not in str(e.value)
+    with pytest.raises(OptionError, match=r"^Set tls.key or tls.keySecret, not both\.$"):
+        parse_connection_options({**raw, "tls.key": pki["client.key"]})
 
 
 def test_half_a_client_certificate_is_refused_before_connecting(pki):
@@ -227,7 +254,7 @@ def test_every_path_works_over_tls(tls_server, pki, spark, tmp_path):
 def test_secrets_never_reach_errors_logs_plans_progress_the_checkpoint_or_the_cli(tmp_path):
     """Known secrets through every error path (each kind of credential, wrong ones, in the URL, a refused
     connection, a malformed URL, a server without TLS): the exception, Spark's wrapped error, the driver
-    log (Spark at INFO) and the command line's output show the cause but never the secret."""
+    log (Spark and the connector at DEBUG) and the command line's output show the cause but never the secret."""
     import json
     import sys
 
@@ -247,7 +274,9 @@ def test_secrets_never_reach_errors_logs_plans_progress_the_checkpoint_or_the_cl
     creds_jwt = _jwt(signer, user_public, "stranger", _USER)
     _creds(keys / "user.creds", creds_jwt, creds_seed)
     password = "pw-Sekr1t-7731"
-    with EmbeddedServer({"authorization": {"users": [{"user": "alice", "password": password}]}}, name="sec") as server:
+    _, spark_public, spark_seed = _nkey(nkeys.PREFIX_BYTE_USER)  # the working query's nkeySecret
+    users = [{"user": "alice", "password": password}, {"nkey": spark_public}]
+    with EmbeddedServer({"authorization": {"users": users}}, name="sec") as server:
         host, url = server.url.removeprefix("nats://"), server.url
         refused = f"127.0.0.1:{free_port()}"
         cases: dict[str, tuple[dict[str, str], str]] = {
@@ -267,6 +296,14 @@ def test_secrets_never_reach_errors_logs_plans_progress_the_checkpoint_or_the_cl
             ),
             "nkey": ({"nkey": str(keys / "user.nk")}, f"The NATS server at {url} refused the credentials (nkey)"),
             "creds": ({"creds": str(keys / "user.creds")}, f"The NATS server at {url} refused the credentials (creds)"),
+            "nkey-secret": (
+                {"nkeySecret": nkey_seed.decode()},
+                f"The NATS server at {url} refused the credentials (nkeySecret)",
+            ),
+            "creds-secret": (
+                {"credsSecret": (keys / "user.creds").read_text()},
+                f"The NATS server at {url} refused the credentials (credsSecret)",
+            ),
             "refused": (
                 {"servers": f"nats://alice:pw-Refused-4@{refused}", "password": password, "connectTimeout": "1s"},
                 f"Cannot reach a NATS server at nats://alice:***@{refused} within 1s: the connection was refused",
@@ -281,7 +318,7 @@ def test_secrets_never_reach_errors_logs_plans_progress_the_checkpoint_or_the_cl
                 f"The NATS server at tls://{host} offers no TLS, but TLS was asked for",
             ),
         }
-        secrets = [password, nkey_seed.decode(), creds_seed.decode(), creds_jwt]
+        secrets = [password, nkey_seed.decode(), creds_seed.decode(), creds_jwt, spark_seed.decode()]
         secrets += ["pw-Wr0ng-1", "tok-Wr0ng-5582", "pw-InUrl-2", "tok-InUrl-3", "pw-Refused-4", "pw-BadUrl-6"]
         secrets += ["tok-BadUrl-7"]
         shown: list[str] = []
@@ -293,12 +330,18 @@ def test_secrets_never_reach_errors_logs_plans_progress_the_checkpoint_or_the_cl
             shown += [str(caught.value), repr(caught.value)]
 
         for name, (options, says) in cases.items():  # the command line
-            args = [f"--{key}={value}" for key, value in {"servers": url, **options}.items() if key != "connectTimeout"]
+            given = {"servers": url, **options}
+            args = [
+                f"--{key}={value}" for key, value in given.items() if key != "connectTimeout" and "Secret" not in key
+            ]
+            env = {f"SJ_{key.upper()}": value for key, value in given.items() if "Secret" in key}  # text via env var
+            args += [f"--{key.replace('Secret', '-secret')}-env=SJ_{key.upper()}" for key in given if "Secret" in key]
             done = subprocess.run(
                 ["spark-jetstream", "status", "--stream", "Sec", "--group", "g", *args],
                 capture_output=True,
                 text=True,
                 timeout=60,
+                env={**os.environ, **env},
             )
             assert done.returncode == 2 and done.stderr.startswith(f"error: {says[:40]}"), (name, done.stderr)
             shown.append(done.stdout + done.stderr)
@@ -308,7 +351,7 @@ def test_secrets_never_reach_errors_logs_plans_progress_the_checkpoint_or_the_cl
         secured.create_stream(partitioned_stream_config("Sec", "sec.*", 2))
         publish_all(secured.conn, ((f"sec.k{i}", b"x", None) for i in range(200)))
         spec = {
-            "options": {"servers": url, "stream": "Sec", "group": "g", "user": "alice", "password": password},
+            "options": {"servers": url, "stream": "Sec", "group": "g", "nkeySecret": spark_seed.decode()},
             "checkpoint": str(tmp_path / "cp"),
             "failing": {name: {"servers": url, "stream": "Sec", "group": "g", **o} for name, (o, _) in cases.items()},
         }
@@ -355,6 +398,13 @@ def test_nkey_authentication(tmp_path):
             connect(ConnectionOptions(servers=(server.url,), nkey=str(stranger), connect_timeout=3))
         assert time.monotonic() - started < 5
         assert seed.decode() not in str(caught.value)
+        as_text = parse_connection_options({"servers": server.url, "nkeySecret": seed.decode()})  # e.g. from a vault
+        assert seed.decode() not in repr(as_text) and as_text.describe_auth() == "nkeySecret"
+        assert JetStreamApi(connect(as_text)).account_info()["type"].endswith("account_info_response")
+        disconnect(as_text)
+        with pytest.raises(ConnectError, match=r"^Option 'nkeySecret' holds no valid nkey seed: check") as caught:
+            connect(parse_connection_options({"servers": server.url, "nkeySecret": seed.decode()[:-3] + "xyz"}))
+        assert seed.decode()[:20] not in str(caught.value)
 
 
 def _nkey(prefix: int) -> tuple[Any, str, bytes]:
@@ -464,16 +514,16 @@ def test_creds_authentication_reads_through_spark(operator_mode, spark):
     common = {"servers": url, "creds": creds, "stream": "Creds"}
     batch = spark.read.format("jetstream").options(**common).load()
     assert sorted(r.seq for r in batch.select("seq").collect()) == list(range(1, 301))
-    query = (
-        spark.readStream.format("jetstream")
-        .options(**common, group="cg")
-        .load()
-        .writeStream.format("memory")
-        .queryName("creds_read")
-        .trigger(availableNow=True)
-        .start()
+    text = operator_mode.creds.read_text()  # as a vault hands it out: credsSecret
+    streamed_df = (
+        spark.readStream.format("jetstream").options(servers=url, credsSecret=text, stream="Creds", group="cg").load()
     )
+    query = streamed_df.writeStream.format("memory").queryName("creds_read").trigger(availableNow=True).start()
     query.awaitTermination()
+    shown = [streamed_df._jdf.queryExecution().toString(), query._jsq.explainInternal(True), str(query.recentProgress)]
+    assert "credsSecret" in shown[0] or "credssecret" in shown[0].lower()  # the option is there, its value is not
+    for secret in operator_mode.secrets[:2]:
+        assert not [s for s in shown if secret in s]
     streamed = spark.sql("select seq, data from creds_read").collect()
     assert sorted((r.seq, bytes(r.data)) for r in streamed) == [(i + 1, f"m{i}".encode()) for i in range(300)]
     floors = {api.consumer_info("Creds", f"cg-{p}")["ack_floor"]["stream_seq"] for p in range(2)}

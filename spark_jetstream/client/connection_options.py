@@ -33,7 +33,12 @@ class ConnectionOptions:
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    creds_secret: str | None = field(default=None, repr=False)
+    nkey_secret: str | None = field(default=None, repr=False)
+    tls_key_secret: str | None = field(default=None, repr=False)
     domain: str | None = None
+    api_import: str | None = None
+    """The prefix an imported JetStream API is reached under (option ``apiPrefix``)."""
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     silence_timeout: float = DEFAULT_SILENCE_TIMEOUT
 
@@ -49,7 +54,19 @@ class ConnectionOptions:
 
     @property
     def api_prefix(self) -> str:
+        """Where the JetStream API answers: an imported API's prefix, a domain's, or this account's own."""
+        if self.api_import:
+            return self.api_import
         return f"$JS.{self.domain}.API" if self.domain else "$JS.API"
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """The secret values, for redacting messages that might quote them."""
+        return tuple(
+            value
+            for value in (self.token, self.password, self.creds_secret, self.nkey_secret, self.tls_key_secret)
+            if value
+        )
 
     @property
     def shown_servers(self) -> str:
@@ -60,7 +77,7 @@ class ConnectionOptions:
     def wants_tls(self) -> bool:
         """TLS was asked for (a ``tls://`` or ``wss://`` URL, or any ``tls.*`` option): never connect without it."""
         tls_urls = any(urlsplit(url).scheme in ("tls", "wss") for url in self.servers)
-        return tls_urls or any((self.tls_ca, self.tls_cert, self.tls_key))
+        return tls_urls or any((self.tls_ca, self.tls_cert, self.tls_key, self.tls_key_secret))
 
     def describe_auth(self) -> str:
         """Which authentication is configured, without any secret."""
@@ -69,7 +86,9 @@ class ConnectionOptions:
             name
             for name, value in (
                 ("creds", self.creds),
+                ("credsSecret", self.creds_secret),
                 ("nkey", self.nkey),
+                ("nkeySecret", self.nkey_secret),
                 ("token", self.token),
                 ("user/password", self.user),
                 ("user/password in the servers URL", any(u.password is not None for u in in_url)),

@@ -45,7 +45,7 @@ async def key_value(
         if not create:
             return None
         missing = True
-    js = api.conn.client.jetstream(domain=api.conn.options.domain)
+    js = api.conn.client.jetstream(prefix=api.conn.options.api_prefix)
     config = KeyValueConfig(
         bucket=bucket, replicas=replicas, storage=StorageType.FILE, description=description or None, direct=direct
     )

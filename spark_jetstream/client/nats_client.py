@@ -8,6 +8,7 @@ thread, the request retries and the connection cache that use it are in ``connec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -15,13 +16,13 @@ import re
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import ParseResult
 
 from nats.aio.client import Client as _NatsClient
-from nats.aio.client import Server
+from nats.aio.client import RawCredentials, Server
 from nats.errors import AuthorizationError, ProtocolError, StaleConnectionError, UnexpectedEOF
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -271,15 +272,33 @@ class RawClient(_NatsClient):
 def _tls_context(options: ConnectionOptions) -> ssl.SSLContext | None:
     if not options.wants_tls:
         return None
-    if bool(options.tls_cert) != bool(options.tls_key):
-        raise ConnectError("Set both tls.cert and tls.key for mutual TLS, or neither.")
+    if bool(options.tls_cert) != bool(options.tls_key or options.tls_key_secret):
+        raise ConnectError("Set both tls.cert and tls.key (or tls.keySecret) for mutual TLS, or neither.")
     try:
         context = ssl.create_default_context(cafile=options.tls_ca)
-        if options.tls_cert:
+        if options.tls_cert and options.tls_key_secret:
+            with _in_memory_file(options.tls_key_secret, "tls.keySecret") as key:
+                context.load_cert_chain(options.tls_cert, key)
+        elif options.tls_cert:
             context.load_cert_chain(options.tls_cert, options.tls_key)
     except (OSError, ssl.SSLError) as exc:
-        raise ConnectError(f"Cannot load the TLS files named by tls.ca/tls.cert/tls.key: {exc}.") from None
+        which = "tls.keySecret" if options.tls_key_secret else "tls.key"
+        raise ConnectError(f"Cannot load the TLS files named by tls.ca/tls.cert/{which}: {exc}.") from None
     return context
+
+
+@contextlib.contextmanager
+def _in_memory_file(text: str, option: str) -> Iterator[str]:
+    """A path OpenSSL can read ``text`` from that is no file on disk: an anonymous in-memory file (Linux
+    ``memfd_create``) named through ``/proc/self/fd`` (Python's ssl loads keys from paths only)."""
+    if not hasattr(os, "memfd_create"):
+        raise ConnectError(f"Option {option!r} needs Linux (an in-memory file for OpenSSL): use tls.key, a path.")
+    fd = os.memfd_create("spark-jetstream-key", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
 
 
 _CREDS_BLOCK = re.compile(r"-{3,}\s*BEGIN ([A-Z ]+?)\s*-{3,}\s*\n\s*(\S+)")
@@ -295,9 +314,10 @@ def _is_seed(text: str | None) -> bool:
         return False
 
 
-def _check_credential_files(options: ConnectionOptions) -> None:
-    """Refuse a creds or nkey file that is missing or holds no usable key before connecting: nats-py
-    would fail on it with an empty message or as an authorization error from the server."""
+def _check_credentials(options: ConnectionOptions) -> None:
+    """Refuse a creds or nkey file (or secret) that is missing or holds no usable key before connecting: nats-py
+    would fail on it with an empty message or as an authorization error from the server. A secret's text is never
+    quoted."""
     for name, path in (("creds", options.creds), ("nkey", options.nkey)):
         if not path:
             continue
@@ -307,17 +327,24 @@ def _check_credential_files(options: ConnectionOptions) -> None:
             text = Path(path).read_text()
         except (OSError, UnicodeDecodeError) as exc:
             raise ConnectError(f"Cannot read the {name} file {path!r} ({exc}): check the {name} option.") from None
-        blocks = dict(match.groups() for match in _CREDS_BLOCK.finditer(text))
-        if name == "nkey" and not _is_seed(text.strip()):
-            raise ConnectError(
-                f"The nkey file {path!r} holds no valid nkey seed: check the nkey option (the file holds one "
-                "seed, SU..., as `nk -gen user` writes it)."
-            )
-        if name == "creds" and not (_is_seed(blocks.get("USER NKEY SEED")) and "NATS USER JWT" in blocks):
-            raise ConnectError(
-                f"The creds file {path!r} does not hold a user JWT and a valid nkey seed: check the creds option (a "
-                ".creds file as `nsc generate creds` writes it)."
-            )
+        _check_key_text(name, text, f"The {name} file {path!r}")
+    for name, text in (("credsSecret", options.creds_secret), ("nkeySecret", options.nkey_secret)):
+        if text:
+            _check_key_text(name, text, f"Option {name!r}")
+
+
+def _check_key_text(option: str, text: str, what: str) -> None:
+    blocks = dict(match.groups() for match in _CREDS_BLOCK.finditer(text))
+    if option.startswith("nkey") and not _is_seed(text.strip()):
+        raise ConnectError(
+            f"{what} holds no valid nkey seed: check the {option} option (one seed, SU..., as `nk -gen user` writes "
+            "it)."
+        )
+    if option.startswith("creds") and not (_is_seed(blocks.get("USER NKEY SEED")) and "NATS USER JWT" in blocks):
+        raise ConnectError(
+            f"{what} does not hold a user JWT and a valid nkey seed: check the {option} option (the text of a .creds "
+            "file as `nsc generate creds` writes it)."
+        )
 
 
 def _is_auth_error(exc: BaseException) -> bool:
@@ -384,7 +411,7 @@ async def open_client(
     checked first, and refused credentials or a server without TLS fail at once instead of at the timeout.
     ``reconnect_for``: seconds of reconnect attempts (each server's, refused at once) before the client closes;
     None: for ever. ``name``: the client's name in the server's connection list."""
-    _check_credential_files(options)
+    _check_credentials(options)
     tls = _tls_context(options)
     errors: list[BaseException] = []
     refused = asyncio.Event()  # retrying refused credentials or a server without TLS is pointless: fail at once
@@ -407,8 +434,9 @@ async def open_client(
         reconnected_cb=client.on_reconnected,
         error_cb=on_error,
         tls=tls,
-        user_credentials=options.creds,
+        user_credentials=RawCredentials(options.creds_secret) if options.creds_secret else options.creds,
         nkeys_seed=options.nkey,
+        nkeys_seed_str=options.nkey_secret,
         token=options.token,
         user=options.user,
         password=options.password,

@@ -12,6 +12,7 @@ from spark_jetstream.client.connection_options import (
 )
 from spark_jetstream.options.option import ALL, Option
 from spark_jetstream.options.parsers import (
+    parse_api_prefix,
     parse_duration,
     parse_servers,
     parse_text,
@@ -32,7 +33,32 @@ CONNECTION: tuple[Option, ...] = (
     _connection("tls.ca", parse_text, None, "Path of the CA certificate that signed the server's certificate."),
     _connection("tls.cert", parse_text, None, "Path of the client certificate for mutual TLS (with `tls.key`)."),
     _connection("tls.key", parse_text, None, "Path of the client private key for mutual TLS."),
+    _connection(
+        "credsSecret",
+        parse_text,
+        None,
+        "The text of a NATS credentials file (e.g. `dbutils.secrets.get(...)`), instead of `creds`: never written "
+        "to disk, hidden in plans, progress, logs and errors.",
+        secret=True,
+    ),
+    _connection("nkeySecret", parse_text, None, "An nkey seed (`SU...`) as text, instead of `nkey`.", secret=True),
+    _connection(
+        "tls.keySecret",
+        parse_text,
+        None,
+        "The client private key for mutual TLS as PEM text, instead of `tls.key` (handed to OpenSSL through an "
+        "in-memory file, never written to disk; Linux).",
+        secret=True,
+    ),
     _connection("domain", parse_text, None, "JetStream domain, when the stream lives in another domain."),
+    _connection(
+        "apiPrefix",
+        parse_api_prefix,
+        None,
+        "JetStream API prefix of a stream shared from another account, as this account imports that account's "
+        "`$JS.API.>` (e.g. `JS.OWNER.API`); instead of `domain` (README, Security).",
+        attr="api_import",
+    ),
     _connection(
         "connectTimeout",
         parse_duration,

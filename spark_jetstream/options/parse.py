@@ -81,8 +81,16 @@ def _required(option: Option, modes: frozenset[str]) -> bool:
     return bool(option.required) and modes <= option.required
 
 
-_EXCLUSIVE = (("startingPosition", "startingTimestamp"), ("endingPosition", "endingTimestamp"))
-"""Pairs of options that say the same thing two ways: a read takes one of each."""
+_EXCLUSIVE = (
+    ("startingPosition", "startingTimestamp"),
+    ("endingPosition", "endingTimestamp"),
+    ("creds", "credsSecret"),
+    ("nkey", "nkeySecret"),
+    ("tls.key", "tls.keySecret"),
+    ("domain", "apiPrefix"),
+)
+"""Pairs of options that say the same thing two ways (a domain is an API prefix too, ``$JS.<domain>.API``): take
+one of each."""
 
 
 def _check_combinations(values: dict[str, Any], given: set[str], modes: frozenset[str]) -> None:

@@ -117,6 +117,18 @@ def parse_subject(text: str) -> str:
     return stripped
 
 
+def parse_api_prefix(text: str) -> str:
+    """A JetStream API prefix (``JS.OWNER.API``): a subject without wildcards; a trailing dot or ``.>`` of the
+    import's ``to`` is dropped."""
+    stripped = text.strip().removesuffix(".>").removesuffix(".")
+    if not re.match(SUBJECT_PATTERN, stripped):
+        raise ValueError(
+            "expected the subject prefix the JetStream API is imported under, such as JS.OWNER.API (no spaces, empty "
+            "tokens or wildcards)"
+        )
+    return stripped
+
+
 def parse_subject_filters(text: str) -> tuple[str, ...]:
     """Comma-separated subject filters (``*`` and ``>`` wildcards), no two of which match the same subject: a
     message on both would be read twice."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -56,11 +57,44 @@ def _flag(option: Option) -> str:
 
 def _connection_args(parser: argparse.ArgumentParser) -> None:
     for option in CONNECTION_OPTIONS:
-        parser.add_argument(f"--{_flag(option)}", dest=option.attr, help=option.doc.replace("%", "%%"))
+        if _from_env(option):  # a secret's text never goes on a command line (ps, shell history)
+            parser.add_argument(
+                f"--{_flag(option)}-env",
+                dest=option.attr,
+                metavar="VAR",
+                help=f"the environment variable that holds option {option.name}: {option.doc.replace('%', '%%')}",
+            )
+        else:
+            parser.add_argument(f"--{_flag(option)}", dest=option.attr, help=option.doc.replace("%", "%%"))
+
+
+def _from_env(option: Option) -> bool:
+    return option.name.endswith("Secret")
+
+
+def _connection_raw(args: argparse.Namespace) -> dict[str, str]:
+    """The connection options given: a secret's text read from the environment variable its flag names."""
+    raw = {}
+    for option in CONNECTION_OPTIONS:
+        value = getattr(args, option.attr, None)
+        if value is not None and _from_env(option):
+            if value not in os.environ:
+                raise JetStreamError(
+                    f"--{_flag(option)}-env names the environment variable {value!r}, which is not set: export it "
+                    f"with the text of option {option.name}."
+                )
+            value = os.environ[value]
+        if value is not None:
+            raw[option.name] = value
+    return raw
 
 
 def _secrets(args: argparse.Namespace) -> tuple[str | None, ...]:
-    return tuple(getattr(args, option.attr, None) for option in CONNECTION_OPTIONS if option.secret)
+    try:
+        raw = _connection_raw(args)
+    except JetStreamError:
+        raw = {}
+    return tuple(raw.get(option.name) for option in CONNECTION_OPTIONS if option.secret)
 
 
 def _members_arg(parser: argparse.ArgumentParser) -> None:
@@ -72,8 +106,7 @@ def _members_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def _api(args: argparse.Namespace) -> JetStreamApi:
-    raw = {o.name: getattr(args, o.attr) for o in CONNECTION_OPTIONS if getattr(args, o.attr, None) is not None}
-    return JetStreamApi(connect(parse_connection_options(raw)))
+    return JetStreamApi(connect(parse_connection_options(_connection_raw(args))))
 
 
 def _mappings(texts: Sequence[str]) -> tuple[tuple[str, tuple[int, ...]], ...]:

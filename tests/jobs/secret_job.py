@@ -5,12 +5,13 @@ python tests/jobs/secret_job.py SPEC.json
 SPEC: ``{"options": <a working query's options>, "checkpoint": DIR, "failing": {name: options}}``. The
 working query runs (plan, progress, explain printed); then each failing option set is tried as a batch
 read and as a streaming read, and Spark's whole error is printed after ``ERROR <name> <kind>``. Spark
-logs at INFO to this process's stderr (the driver log).
+and the connector log at DEBUG to this process's stderr (the driver log).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -26,7 +27,9 @@ def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     options, checkpoint = spec["options"], spec["checkpoint"]
     spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
-    spark.sparkContext.setLogLevel("INFO")  # everything Spark logs goes to this process's stderr
+    spark.sparkContext.setLogLevel("DEBUG")  # everything Spark logs goes to this process's stderr
+    logging.basicConfig()  # and everything the connector logs in the driver (not py4j's DEBUG: it logs every call)
+    logging.getLogger("spark_jetstream").setLevel(logging.DEBUG)
     df = spark.readStream.format("jetstream").options(**options).load()
     print("PLAN", df._jdf.queryExecution().toString())
     query = df.writeStream.format("noop").option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
