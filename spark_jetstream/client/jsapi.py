@@ -26,6 +26,13 @@ from spark_jetstream.errors import (
 
 STREAM_NOT_FOUND = 10059
 CONSUMER_NOT_FOUND = 10014
+JETSTREAM_NOT_ENABLED = 10039
+"""JetStream not enabled for the account: also what an account without JetStream hears that should reach a stream
+shared from another account through that account's imported API."""
+NO_JETSTREAM_HINT = (
+    ". A stream shared from another account is reached through the JetStream API this account imports: set the "
+    "apiPrefix option to the import's prefix (e.g. JS.OWNER.API; README, Security)."
+)
 PRIORITY_GROUP_UNKNOWN = 10160
 NO_MESSAGE_FOUND = 10037
 ASSET_OFFLINE_CODES = frozenset({10118, 10119})
@@ -92,7 +99,8 @@ class JetStreamApi:
         if (err_code == STREAM_NOT_FOUND and stream) or (err_code == CONSUMER_NOT_FOUND and consumer):
             raise self.not_found(err_code, stream, consumer)
         description = error.get("description", "unknown error")
-        raise ApiError(f"{what}: {description} (error {err_code})", code, err_code, description)
+        hint = NO_JETSTREAM_HINT if err_code == JETSTREAM_NOT_ENABLED and not self.conn.options.api_import else ""
+        raise ApiError(f"{what}: {description} (error {err_code}){hint}", code, err_code, description)
 
     def not_found(self, err_code: int, stream: str, consumer: str = "") -> StreamNotFoundError | ConsumerNotFoundError:
         """The error for a stream (``STREAM_NOT_FOUND``) or consumer that does not exist: it names it and

@@ -84,15 +84,27 @@ async def request(
                 elif loop.time() + delay < responder_deadline:
                     pass
                 elif watch.jetstream == JETSTREAM_ABSENT:
-                    raise ConnectError(
-                        f"No responder for {subject} on {conn.server_url}: is JetStream enabled, and is the "
-                        f"domain option right (now {conn.options.domain or 'none'})?"
-                    ) from None
+                    where = (
+                        f"is the apiPrefix option right (now {conn.options.api_import}), and does this account "
+                        "import the owning account's JetStream API under it?"
+                        if conn.options.api_import
+                        else "is JetStream enabled, and is the domain option right (now "
+                        f"{conn.options.domain or 'none'}; a stream shared from another account is reached through "
+                        "apiPrefix)?"
+                    )
+                    raise ConnectError(f"No responder for {subject} on {conn.server_url}: {where}") from None
                 elif watch.jetstream == JETSTREAM_UP and not subject.startswith(f"{conn.options.api_prefix}."):
+                    imported = (
+                        f" Through an imported JetStream API (apiPrefix {conn.options.api_import}), the account that "
+                        f"owns the stream must export {subject.rsplit('.', 1)[0]}.> as a service and this account "
+                        "import it (README, Security)."
+                        if conn.options.api_import
+                        else ""
+                    )
                     raise ConnectError(
                         f"No stream answered {subject} on {conn.server_url} within "
                         f"{conn.options.connect_timeout:g}s although JetStream answers: no stream captures that "
-                        "subject, or its stream's leader is being elected."
+                        f"subject, or its stream's leader is being elected.{imported}"
                     ) from None
             except NatsTimeoutError:
                 watch.saw("timeout")

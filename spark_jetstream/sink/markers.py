@@ -54,8 +54,9 @@ def write_marker(conn: Connection, bucket: str, key: str, batch_id: int) -> None
     except ClusterUnavailableError:
         raise  # an election that outlasted the deadline: its message says so
     except ConnectError as exc:
+        deleted = "" if conn.options.api_import else " Was the bucket deleted?"  # else the import is the likelier cause
         raise JetStreamError(
-            f"Cannot record batch {batch_id} in KV bucket {bucket!r} (key {key}): {exc} Was the bucket deleted?"
+            f"Cannot record batch {batch_id} in KV bucket {bucket!r} (key {key}): {exc}{deleted}"
         ) from None
     ack = json.loads(raw)
     if "error" in ack:
