@@ -335,15 +335,16 @@ def _check_credentials(options: ConnectionOptions) -> None:
 
 def _check_key_text(option: str, text: str, what: str) -> None:
     blocks = dict(match.groups() for match in _CREDS_BLOCK.finditer(text))
+    holder = "the file holds" if what.startswith("The") else "the text is"
     if option.startswith("nkey") and not _is_seed(text.strip()):
         raise ConnectError(
-            f"{what} holds no valid nkey seed: check the {option} option (one seed, SU..., as `nk -gen user` writes "
-            "it)."
+            f"{what} holds no valid nkey seed: check the {option} option ({holder} one seed, SU..., as `nk -gen user` "
+            "writes it)."
         )
     if option.startswith("creds") and not (_is_seed(blocks.get("USER NKEY SEED")) and "NATS USER JWT" in blocks):
         raise ConnectError(
-            f"{what} does not hold a user JWT and a valid nkey seed: check the {option} option (the text of a .creds "
-            "file as `nsc generate creds` writes it)."
+            f"{what} does not hold a user JWT and a valid nkey seed: check the {option} option (a .creds file as "
+            "`nsc generate creds` writes it)."
         )
 
 
