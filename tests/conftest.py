@@ -90,6 +90,7 @@ LONGEST_FIRST = (
     "test_leader_changes.py",
     "test_notebooks.py",
     "test_spark_connect.py",
+    "test_pipelines.py",
 )
 """The files that take longest (measured, 70-200 s each), run first: with ``-n 2`` each process takes the next file
 when it is done, so the short ones fill the end instead of one long file running alone. Only the order changes."""

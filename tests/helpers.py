@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+import nats
 import pytest
+from nats.js.api import KeyValueConfig
 
 from spark_jetstream.client.jsapi import NO_MESSAGE_FOUND
 from spark_jetstream.client.publish import publish_all
@@ -156,6 +158,37 @@ def add_messages(
     assert result.count == count
     for offset, message in enumerate(batch):
         stream.messages[result.first_seq + offset] = message
+
+
+def kv_ops(
+    url: str,
+    bucket: str,
+    ops: list[tuple[str, str, bytes | None]],
+    history: int = 1,
+    make: bool = True,
+    direct: bool = False,
+) -> list[int]:
+    """Run ``ops`` (``put``/``delete``/``purge``, key, value) on ``bucket`` with nats-py (made first, as nats-py makes
+    buckets: without Direct Get unless ``direct``); returns the revisions."""
+
+    async def run() -> list[int]:
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        config = KeyValueConfig(bucket=bucket, history=history, direct=direct)
+        kv = await (js.create_key_value(config) if make else js.key_value(bucket))
+        revisions = []
+        for op, key, value in ops:
+            if op == "put":
+                await kv.put(key, value or b"")
+            elif op == "delete":
+                await kv.delete(key)
+            else:
+                await kv.purge(key)
+            revisions.append((await js.stream_info(f"KV_{bucket}")).state.last_seq)  # the op's revision
+        await nc.close()
+        return revisions
+
+    return asyncio.run(run())
 
 
 def stored(api: JetStreamApi, stream: str) -> list[tuple[int, str, bytes, dict[str, list[str]]]]:
