@@ -8,41 +8,10 @@ from collections.abc import Callable, Iterator
 
 import nats
 import pytest
-from nats.js.api import KeyValueConfig
+from helpers import kv_ops
 
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.errors import OptionError
-
-
-def kv_ops(
-    url: str,
-    bucket: str,
-    ops: list[tuple[str, str, bytes | None]],
-    history: int = 1,
-    make: bool = True,
-    direct: bool = False,
-) -> list[int]:
-    """Run ``ops`` (``put``/``delete``/``purge``, key, value) on ``bucket`` with nats-py (made first, as nats-py makes
-    buckets: without Direct Get unless ``direct``); returns the revisions."""
-
-    async def run() -> list[int]:
-        nc = await nats.connect(url)
-        js = nc.jetstream()
-        config = KeyValueConfig(bucket=bucket, history=history, direct=direct)
-        kv = await (js.create_key_value(config) if make else js.key_value(bucket))
-        revisions = []
-        for op, key, value in ops:
-            if op == "put":
-                await kv.put(key, value or b"")
-            elif op == "delete":
-                await kv.delete(key)
-            else:
-                await kv.purge(key)
-            revisions.append((await js.stream_info(f"KV_{bucket}")).state.last_seq)  # the op's revision
-        await nc.close()
-        return revisions
-
-    return asyncio.run(run())
 
 
 @pytest.fixture
@@ -76,10 +45,11 @@ def table(spark, url: str, bucket: str, **options: str) -> list[tuple]:
     return sorted(tuple(row) for row in frame.select("key", "value", "revision", "operation").collect())
 
 
-@pytest.mark.parametrize(("history", "direct"), [(1, False), (1, True), (5, True)])
+@pytest.mark.parametrize(("history", "direct"), [(1, False), (1, True), (5, True), (5, False)])
 def test_a_bucket_reads_as_its_live_keys_latest_values(spark, nats_server, bucket, history, direct):
     """History 1 (every stored message is its key's latest) read through consumers or with Direct Get; history 5
-    (older revisions stored) asks the stream which is each key's latest."""
+    (older revisions stored) asks the stream which is each key's latest, or without Direct Get reads it through
+    ``last_per_subject`` consumers (more in test_kv_consumers.py)."""
     name = bucket(f"tbl{history}{direct:d}")
     revisions = kv_ops(nats_server.url, name, OPS, history=history, direct=direct)
     rev = dict(zip(range(len(OPS)), revisions, strict=True))
@@ -96,16 +66,6 @@ def test_a_bucket_reads_as_its_live_keys_latest_values(spark, nats_server, bucke
     assert frame.schema.simpleString() == (
         "struct<key:string,value:binary,revision:bigint,created:timestamp,operation:string>"
     )
-
-
-def test_latest_values_of_a_bucket_with_history_and_no_direct_get_are_refused_naming_the_fix(
-    spark, nats_server, bucket
-):
-    name = bucket("nodirect")
-    kv_ops(nats_server.url, name, OPS[:2], history=3)
-    with pytest.raises(Exception, match=r"KV bucket 'nodirect' keeps 3 revisions per key and does not allow Direct"):
-        table(spark, nats_server.url, name)
-    assert len(table(spark, nats_server.url, name, includeHistory="true")) == 2
 
 
 def test_a_bucket_with_history_reads_every_stored_revision(spark, nats_server, bucket):

@@ -59,13 +59,22 @@ async def next_seq_async(api: JetStreamApi, stream: str, request: dict[str, Any]
     """The seq of the first message ``request`` names (``seq`` or ``start_time``, with ``next_by_subj``), read on
     the stream leader with ``STREAM.MSG.GET``: any stream, Direct Get or not, and read-after-write safe. None
     when no message matches."""
+    message = await stored_message_async(api, stream, request)
+    return None if message is None else int(message["seq"])
+
+
+async def stored_message_async(api: JetStreamApi, stream: str, request: dict[str, Any]) -> dict[str, Any] | None:
+    """The message ``request`` names, as ``STREAM.MSG.GET`` on the stream leader gives it: ``seq``, ``subject``,
+    ``time`` (RFC 3339), base64 ``data`` and ``hdrs`` (the raw header block; absent without headers). None when no
+    message matches."""
     try:
         reply = await api.call_async(("STREAM", "MSG", "GET", stream), request, f"Reading {stream!r}", stream)
     except ApiError as exc:
         if exc.err_code == NO_MESSAGE_FOUND:
             return None
         raise
-    return int(reply["message"]["seq"])
+    message: dict[str, Any] = reply["message"]
+    return message
 
 
 def next_seq(api: JetStreamApi, stream: str, request: dict[str, Any]) -> int | None:
@@ -82,7 +91,13 @@ def may_direct_get(api: JetStreamApi, stream: str) -> bool:
     allowed, the violation means refused; neither within the connect timeout counts as allowed, and the read
     itself then says what is wrong.
     """
-    return api.conn.run(_may_request_async(api, api.subject("DIRECT", "GET", stream), b'{"seq": 1}'))
+    return may_request(api, api.subject("DIRECT", "GET", stream), b'{"seq": 1}')
+
+
+def may_request(api: JetStreamApi, subject: str, payload: bytes) -> bool:
+    """Whether the NATS user may publish ``payload`` to the API subject ``subject``, told as ``may_direct_get``
+    tells it (send a request whose answer changes nothing: an error reply means allowed)."""
+    return api.conn.run(_may_request_async(api, subject, payload))
 
 
 async def _may_request_async(api: JetStreamApi, subject: str, payload: bytes) -> bool:

@@ -30,6 +30,7 @@ from spark_jetstream.options import BATCH, config_values, connection_options, de
 from spark_jetstream.read.consumer import check_consumer_reads
 from spark_jetstream.read.direct import first_seqs, split, spread
 from spark_jetstream.read.kv import KvView, bucket_read, table_view
+from spark_jetstream.read.kv_latest import latest_ranges
 from spark_jetstream.read.mode import DIRECT, PULL, choose_read_mode
 from spark_jetstream.read.ranges import SeqRange
 from spark_jetstream.read.scope import group_scope, stream_scope
@@ -149,6 +150,9 @@ def plan(conn: Connection, config: BatchConfig) -> list[SeqRange]:
     if reads_whole_stream(info["config"], filters):
         filters = [">"]  # every message is the read's: one filter, a third of the server's CPU (decision 0017)
     firsts = first_seqs(conn, stream, filters, start, end, leader=read_mode != DIRECT)
-    ranges = spread(split(template, firsts, filters, config.max_range), config.min_partitions)
+    if template.kv is not None and template.kv.per_key:
+        ranges = latest_ranges(template, firsts, filters)  # a consumer per key filter (read.kv_latest)
+    else:
+        ranges = spread(split(template, firsts, filters, config.max_range), config.min_partitions)
     log.info("Batch read of %s seqs (%d, %d] (%s): %d partitions", stream, start, end, read_mode, len(ranges))
     return ranges

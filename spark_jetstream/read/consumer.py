@@ -71,11 +71,14 @@ def check_consumer_reads(stream: str, stream_config: dict[str, Any]) -> None:
         )
 
 
-def read_by_consumer(conn: Connection, seq_range: SeqRange) -> Iterator[pa.RecordBatch]:
-    """Yield the messages of ``seq_range`` in seq order, as record batches of the source's schema."""
+def read_by_consumer(
+    conn: Connection, seq_range: SeqRange, reader_class: type[_ConsumerRead] | None = None
+) -> Iterator[pa.RecordBatch]:
+    """Yield the messages of ``seq_range`` in seq order, as record batches of the source's schema (``reader_class``:
+    another way through a consumer, ``read.kv_latest``'s)."""
     if seq_range.end <= seq_range.start:
         return
-    reader = _ConsumerRead(conn, seq_range)
+    reader = (reader_class or _ConsumerRead)(conn, seq_range)
     try:
         conn.run(reader.open())
         while (rows := conn.run(reader.next_rows())) is not None:
@@ -132,6 +135,16 @@ class _ConsumerRead:
         self.heard = 0
         self.consumer = f"spark-read-{secrets.token_hex(8)}"
         self.pull_subject = self.api.subject("CONSUMER", "MSG", "NEXT", self.range.stream, self.consumer)
+        try:
+            info = await self.api.create_consumer_async(self.range.stream, self._config(), action="create")
+        except ConnectError as exc:
+            raise ReaderError(f"Could not create a consumer for {self.name}: {exc}") from None
+        if info["num_pending"] == 0:
+            self.confirm = True  # nothing matches from last + 1 now: check with the leader before stopping
+        self._pull()
+
+    def _config(self) -> dict[str, Any]:
+        """The consumer's config: the range's filter from ``last + 1``, nothing to ack, in memory on one server."""
         config: dict[str, Any] = {
             "name": self.consumer,
             "description": f"spark-jetstream batch read of seqs {self.last + 1}..{self.range.end}",
@@ -145,13 +158,7 @@ class _ConsumerRead:
         }
         if self.range.filter != ">":
             config["filter_subject"] = self.range.filter
-        try:
-            info = await self.api.create_consumer_async(self.range.stream, config, action="create")
-        except ConnectError as exc:
-            raise ReaderError(f"Could not create a consumer for {self.name}: {exc}") from None
-        if info["num_pending"] == 0:
-            self.confirm = True  # nothing matches from last + 1 now: check with the leader before stopping
-        self._pull()
+        return config
 
     async def _drop_inbox(self) -> None:
         if self.sid is not None:

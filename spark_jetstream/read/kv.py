@@ -73,11 +73,14 @@ def kv_subjects(bucket: str, keys: Sequence[str]) -> tuple[str, ...]:
 class KvView:
     """How a range of a bucket's stream becomes its rows: every revision (``latest_as_of`` None: the changes, or
     ``includeHistory``), or each live key's latest revision up to seq ``latest_as_of`` (a table). ``history``:
-    revisions the bucket keeps per key (with one, every stored message is its key's latest)."""
+    revisions the bucket keeps per key (with one, every stored message is its key's latest). ``per_key``: the range
+    is read through a ``last_per_subject`` consumer (``read.kv_latest``), which hands over each key's latest
+    revision alone."""
 
     bucket: str
     latest_as_of: int | None = None
     history: int = 1
+    per_key: bool = False
 
     @property
     def prefix(self) -> str:
@@ -86,22 +89,39 @@ class KvView:
 
 def table_view(conn: Connection, bucket: str, stream_config: dict[str, Any], as_of: int) -> KvView:
     """How a read of ``bucket``'s latest values up to seq ``as_of`` keeps each live key's latest revision. A bucket
-    that keeps several revisions per key is asked which is each key's latest with Direct Get (``multi_last``:
-    nats-server 2.11+, ``allow_direct``); one that keeps one stores only latest revisions."""
+    that keeps one revision per key stores only latest revisions. One that keeps several is asked which is each
+    key's latest with Direct Get (``multi_last``: nats-server 2.11+, ``allow_direct``), or without Direct Get (as
+    nats-py makes buckets) read through ``last_per_subject`` consumers of the read's own (``read.kv_latest``):
+    refused here, naming what to grant, when the NATS user may not make them."""
     from spark_jetstream.client.features import BATCHED_DIRECT_GET
-    from spark_jetstream.errors import ReaderError
 
     history = max(int(stream_config.get("max_msgs_per_subject") or 1), 1)
-    if history > 1:
-        if not stream_config.get("allow_direct"):
-            raise ReaderError(
-                f"KV bucket {bucket!r} keeps {history} revisions per key and does not allow Direct Get, which a read "
-                f"of its latest values needs to tell each key's latest revision: `nats stream edit KV_{bucket} "
-                "--allow-direct`, or read every revision (includeHistory=true, or the changes from earliest) and keep "
-                "the highest per key."
-            )
-        conn.require(BATCHED_DIRECT_GET, ", or read every revision (includeHistory=true) and keep the highest per key")
-    return KvView(bucket, as_of, history)
+    if history == 1:
+        return KvView(bucket, as_of, history)
+    if stream_config.get("allow_direct") and conn.supports(BATCHED_DIRECT_GET):
+        return KvView(bucket, as_of, history)
+    _check_consumer_rights(conn, bucket, history)
+    return KvView(bucket, as_of, history, per_key=True)
+
+
+def _check_consumer_rights(conn: Connection, bucket: str, history: int) -> None:
+    """Refuse, before any task runs, a read through consumers that the NATS user may not create: one request to
+    ``CONSUMER.CREATE`` without a config (the server answers it with an error and creates nothing)."""
+    from spark_jetstream.client.jsapi import JetStreamApi
+    from spark_jetstream.client.messages import may_request
+    from spark_jetstream.errors import NotPermittedError
+
+    api, stream = JetStreamApi(conn), kv_stream(bucket)
+    if may_request(api, api.subject("CONSUMER", "CREATE", stream, "spark-read-rights"), b""):
+        return
+    subjects = ", ".join(api.subject("CONSUMER", verb, stream, "*") for verb in ("CREATE", "MSG.NEXT", "DELETE"))
+    raise NotPermittedError(
+        f"KV bucket {bucket!r} keeps {history} revisions per key and has no Direct Get, so its latest values are "
+        f"read through consumers of the read's own, which the NATS user may not create (the server refused a "
+        f"publish to {api.subject('CONSUMER', 'CREATE', stream)}.*): allow the user to publish to {subjects}; or "
+        f"enable Direct Get (`nats stream edit {stream} --allow-direct`, then {api.subject('DIRECT', 'GET', stream)}"
+        " is what it needs); or read every revision (includeHistory=true) and keep the highest per key."
+    )
 
 
 def kv_rows(conn: Connection, batches: Iterator[pa.RecordBatch], view: KvView) -> Iterator[pa.RecordBatch]:
@@ -118,7 +138,7 @@ def kv_rows(conn: Connection, batches: Iterator[pa.RecordBatch], view: KvView) -
         )
         if view.latest_as_of is not None:
             rows = rows.filter(pc.equal(rows.column("operation"), PUT))
-            if view.history > 1 and rows.num_rows:
+            if view.history > 1 and not view.per_key and rows.num_rows:
                 rows = rows.filter(_latest(conn, rows, view))
         if rows.num_rows:
             yield rows

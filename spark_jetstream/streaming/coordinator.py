@@ -22,6 +22,7 @@ from spark_jetstream.groups.layout import reads_whole_stream
 from spark_jetstream.read.consumer import check_consumer_reads
 from spark_jetstream.read.direct import first_seqs, split, spread
 from spark_jetstream.read.kv import KvView, table_view
+from spark_jetstream.read.kv_latest import latest_ranges
 from spark_jetstream.read.mode import DIRECT, PULL, choose_read_mode
 from spark_jetstream.read.ranges import MemberRange, SeqRange, SmallBatch
 from spark_jetstream.read.scope import ReadScope, stream_scope
@@ -262,6 +263,8 @@ class Coordinator:
         firsts = first_seqs(self.conn, self.stream, filters, start.seq, end.seq, leader=not self.direct)
         if group is not None:
             group.settle()
+        if template.kv is not None and template.kv.per_key:
+            return latest_ranges(template, firsts, filters)  # a snapshot through a consumer per key filter
         ranges = split(template, firsts, filters, width)
         if config.min_partitions is not None:
             return spread(ranges, config.min_partitions)
