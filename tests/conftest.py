@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import PartitionedStream, add_messages
 
+from spark_jetstream.client import protocol
 from spark_jetstream.client.connection import Connection, ConnectionOptions, close_all, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.groups.layout import member_consumer_config, partition_filters, partitioned_stream_config
@@ -26,6 +27,18 @@ JIT = "-XX:TieredStopAtLevel=1"
 C1 only: their runs are short, and C2's compiler threads took a third of a cold Spark process's CPU (measured:
 11.8-13.6 -> 7.7-9.5 CPU seconds), CPU the other test process needs. It changes speed, not behaviour."""
 os.environ.setdefault("JAVA_TOOL_OPTIONS", JIT)
+
+BULK_PARSERS = [protocol.PURE, *filter(None, [protocol.compiled_parsers()[0]])]
+"""The implementations of the bulk handlers here: the pure-Python ones, and the compiled ones where they were built."""
+
+
+@pytest.fixture(params=BULK_PARSERS, ids=lambda parsers: parsers.name)
+def bulk_parsers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> protocol.BulkParsers:
+    """Each implementation of the bulk handlers in turn, as the one the readers use (``protocol.BULK``): the tests
+    that parse run on both (as aiohttp's parser tests do)."""
+    monkeypatch.setattr(protocol, "BULK", request.param)
+    return request.param
+
 
 _started: list[tuple[int, str]] = []
 """Servers the fixtures started, as (pid, start time): pids wrap at 32,768 here during a full run, so a pid alone

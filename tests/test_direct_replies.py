@@ -14,6 +14,8 @@ from spark_jetstream.client.protocol import FastParser, wire
 from spark_jetstream.read import direct
 from spark_jetstream.read.ranges import SeqRange
 
+pytestmark = pytest.mark.usefixtures("bulk_parsers")  # each test on both implementations of the bulk handlers
+
 SID, OTHER_SID = 7, 8
 INBOX = b"_INBOX.reader"
 STAMP = b"2026-11-26T02:10:50.123456789Z"

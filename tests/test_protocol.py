@@ -7,6 +7,7 @@ from helpers import parse_all
 from nats.errors import ProtocolError
 from nats.protocol.parser import Parser
 
+from spark_jetstream.client import protocol
 from spark_jetstream.client.protocol import FastParser, run_pattern, wire
 from spark_jetstream.client.publish import _STORED
 
@@ -163,3 +164,40 @@ def test_wire_is_what_the_parsers_read():
         _, subject, reply, payload, headers = message
         seen, _ = dispatched(Parser, [wire(*message)])
         assert seen == [("raw", None, subject, reply, payload, headers)]
+
+
+class DeliveriesClient(Client):
+    """``Client`` whose raw subscription takes its JetStream deliveries in runs (``protocol.deliveries_handler``, the
+    implementation in use), recorded one by one as nats-py's parser would hand them over (a run has no replies)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bulk_handlers = {RAW_SID: protocol.deliveries_handler(RAW_SID, self.deliver, True)}
+
+    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        """As ``RawClient``'s: what nats-py's parser read (after a PING) is offered to the bulk handler first."""
+        if sid in self.bulk_handlers:
+            message = bytearray(wire(sid, subject, reply, data, headers))
+            if self.bulk_handlers[sid](message, memoryview(message), 0):
+                return
+        await super()._process_msg(sid, subject, reply, data, headers)
+
+    def deliver(self, subjects, payloads, seqs, stamps, headers, drained) -> None:
+        for subject, payload, block in zip(subjects, payloads, headers, strict=True):
+            self.seen.append(("raw", None, subject, b"<delivery>", bytes(payload), block and bytes(block)))
+        self.runs.append(len(seqs))
+
+
+def _deliveries_as_runs(entries: list) -> list:
+    """nats-py's record of ``STREAM`` with each JetStream delivery's reply left out, as a run records it."""
+    return [(*entry[:3], b"<delivery>", *entry[4:]) if entry[3].startswith(b"$JS.ACK.") else entry for entry in entries]
+
+
+@pytest.mark.usefixtures("bulk_parsers")
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 13, 31, 64, len(STREAM)])
+def test_deliveries_in_runs_match_nats_py_under_any_chunking(size):
+    client = DeliveriesClient()
+    chunks = [STREAM[i : i + size] for i in range(0, len(STREAM), size)]
+    seen, infos = dispatched(Parser, [STREAM])
+    assert dispatched(FastParser, chunks, client) == (_deliveries_as_runs(seen), infos)
+    assert sum(client.runs) == 3

@@ -266,6 +266,7 @@ class _RecordingClient(RawClient):
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1000, 1 << 20])
+@pytest.mark.usefixtures("bulk_parsers")
 def test_deliveries_are_parsed_alike_by_the_bulk_handler_and_after_nats_py_took_over(chunk):
     """Deliveries, heartbeats and a PING in one byte stream: every delivery becomes exactly one row
     (including those nats-py's parser handles after the PING), for any way the bytes arrive."""
@@ -321,6 +322,7 @@ def _rows(pull: _PinnedPull) -> pa.Table:
     return pa.Table.from_batches([b.to_record_batch("S", False, False) for b in buffers if len(b)])
 
 
+@pytest.mark.usefixtures("bulk_parsers")
 def test_every_form_of_the_ack_reply_subject_is_read_and_redeliveries_in_a_run_are_dropped():
     """Replies in the 9-token form, the 11-token form (domain, account hash) and the 12-token one (and a random token
     last), with and without headers, in one run; seqs 2 and 1 come again (redeliveries) and are read once."""
@@ -348,6 +350,7 @@ def test_every_form_of_the_ack_reply_subject_is_read_and_redeliveries_in_a_run_a
     assert (pull.deliveries.pin_id, pull.deliveries.received, pull.error) == ("pin9", 8, None)
 
 
+@pytest.mark.usefixtures("bulk_parsers")
 def test_a_delivery_whose_reply_subject_cannot_be_read_fails_the_read_naming_it():
     """A reply form the connector does not know (here 13 tokens) is never dropped silently."""
     stream = wire(3, b"orders.k1", b"$JS.ACK.a.b.S.C.1.1.1.1700000000000000000.0.x.y", b"p1", None)

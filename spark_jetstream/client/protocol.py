@@ -11,15 +11,26 @@ A subscription may also have a *bulk handler* that takes its consecutive message
 from the read buffer and says where it stopped: the pull reader parses its deliveries in one
 tight loop, the writer counts a whole run of PubAcks with one regex match (``run_pattern``).
 What a bulk handler leaves (a status, an error) goes to the subscription's per-message handler.
+
+The bulk handlers of the readers' hot paths (``deliveries_handler``, ``direct_replies_handler``) exist twice: in pure
+Python here (the reference, always there) and compiled (``_speedups.c``, built at install where a C compiler is), which
+is used when it imports and ``SPARK_JETSTREAM_NO_EXTENSIONS`` is not set (decision 0029). Both hand their callbacks
+the same arguments and stop at the same place, for any bytes (``tests/test_speedups.py``).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 from collections.abc import Callable
+from functools import cache
+from typing import NamedTuple
 
 from nats.errors import ProtocolError
 from nats.protocol.parser import AWAITING_CONTROL_LINE, Parser
+
+log = logging.getLogger(__name__)
 
 RawHandler = Callable[[bytes, bytes, bytes, bytes | None], None]
 """(subject, reply, payload, header block or None), called on the loop thread."""
@@ -184,12 +195,12 @@ def _delivery_patterns(sid: int) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
     )
 
 
-def deliveries_handler(sid: int, deliver: Deliver, keep_headers: bool) -> BulkHandler:
+def deliveries_handler_py(sid: int, deliver: Deliver, keep_headers: bool) -> BulkHandler:
     """The bulk handler of a pull inbox: runs of JetStream deliveries parsed straight from the read buffer, one
     regex match each, handed to ``deliver`` as one run (the hot path of both consumer readers: decision 0011). It
     stops at anything that is not a delivery to subscription ``sid`` (a status goes to the per-message handler) and
     at a message not yet complete. Without ``keep_headers`` only the run's first header block is passed (the pin
-    id is in it)."""
+    id is in it). The pure-Python implementation: ``deliveries_handler`` is this or its compiled twin."""
     usual, other = (pattern.match for pattern in _delivery_patterns(sid))
 
     def take(buf: bytearray, view: memoryview, pos: int) -> int:
@@ -226,6 +237,120 @@ def deliveries_handler(sid: int, deliver: Deliver, keep_headers: bool) -> BulkHa
         return pos
 
     return take
+
+
+DIRECT_HEADERS = b"\r\nNats-Stream: "
+"""Where the server's headers start in a Direct Get reply's header block: it appends them after the message's own."""
+
+_DIRECT_REPLY = (
+    rb"HMSG [^ \r\n]++ %d (\d++) (\d++)\r\n"  # <inbox> <sid> <header size> <size>
+    rb"NATS/1\.0\r\n(?:[^\r\n]*+\r\n)*?"  # the message's own headers, if any (a status has a code: no match)
+    rb"Nats-Stream: [^\r\n]*+\r\nNats-Subject: ([^\r\n]++)\r\nNats-Sequence: (\d++)\r\n"
+    rb"Nats-Time-Stamp: ([^\r\n]++)\r\n(?:Nats-Num-Pending: (\d++)\r\n)?(?:Nats-Last-Sequence: \d++\r\n)?\r\n"
+)
+"""One Direct Get reply to subscription ``%d`` up to its payload, as nats-server 2.11-2.15 writes it: the protocol line,
+then the server's headers after the message's own; the blank line that ends a header block can only be its end. A
+reply it does not match exactly goes to the per-message handler."""
+
+Keep = Callable[
+    [list[bytes], list[memoryview], list[int], list[bytes], "list[bytes | None] | None", "bytes | None"], None
+]
+"""``keep(subjects, payloads, seqs, stamps, headers, pending)`` for a run of Direct Get replies: ``stamps`` their RFC
+3339 times as the server wrote them, ``headers`` (where kept, else None) each one's own header block (None: it had
+none), ``pending`` the last one's ``Nats-Num-Pending`` (None: the server sent none)."""
+
+
+def direct_replies_handler_py(sid: int, keep: Keep, keep_headers: bool) -> BulkHandler:
+    """The bulk handler of a Direct Get inbox: runs of replies parsed straight from the read buffer, one regex match
+    each, handed to ``keep`` as one run (decision 0011). It stops at anything else (a status, a reply it does not
+    recognise, another subscription's message), at a reply not yet complete and at one whose sizes disagree with its
+    header block (the per-message path then has it, by its sizes). The pure-Python implementation:
+    ``direct_replies_handler`` is this or its compiled twin."""
+    match = re.compile(_DIRECT_REPLY % sid).match
+    no_headers = len(HEADER_START)  # a block up to the server's headers this long: the message had none
+
+    def take(buf: bytearray, view: memoryview, pos: int) -> int:
+        size = len(buf)
+        subjects: list[bytes] = []
+        payloads: list[memoryview] = []
+        seqs: list[bytes] = []
+        stamps: list[bytes] = []
+        headers: list[bytes | None] = []
+        pending = None
+        while (found := match(buf, pos)) is not None:
+            header_size, total, subject, seq, stamp, last_pending = found.groups()
+            start, header_end = found.end(2) + 2, found.end()  # the header block's start and end
+            end = start + int(total)
+            if header_end - start != int(header_size) or end < header_end or end + 2 > size or buf[end] != 13:
+                break  # sizes that disagree with the block (the per-message path reads by sizes), or not all here yet
+            pos = end + 2
+            pending = last_pending
+            subjects.append(subject)
+            payloads.append(view[header_end:end])
+            seqs.append(seq)
+            stamps.append(stamp)
+            if keep_headers:  # the message's own headers: what comes before the server's (None: none)
+                own_end = buf.rfind(DIRECT_HEADERS, start, header_end) + 2
+                headers.append(bytes(view[start:own_end]) + b"\r\n" if own_end > start + no_headers else None)
+        if seqs:
+            keep(subjects, payloads, list(map(int, seqs)), stamps, headers if keep_headers else None, pending)
+        return pos
+
+    return take
+
+
+class BulkParsers(NamedTuple):
+    """One implementation of the bulk handlers of the readers' hot paths."""
+
+    name: str
+    deliveries_handler: Callable[[int, Deliver, bool], BulkHandler]
+    direct_replies_handler: Callable[[int, Keep, bool], BulkHandler]
+
+
+PURE = BulkParsers("pure-Python", deliveries_handler_py, direct_replies_handler_py)
+
+NO_EXTENSIONS = "SPARK_JETSTREAM_NO_EXTENSIONS"
+"""The environment variable that, set to anything but ``0`` when the connector is imported, keeps the compiled bulk
+handlers out (as ``AIOHTTP_NO_EXTENSIONS`` does aiohttp's)."""
+
+
+def compiled_parsers() -> tuple[BulkParsers | None, str]:
+    """The compiled bulk handlers (``_speedups``) when they import, and why not when they do not."""
+    try:
+        from spark_jetstream.client import _speedups
+    except ImportError as exc:
+        return None, f"the compiled ones did not import: {exc}"
+    return BulkParsers("compiled", _speedups.deliveries_handler, _speedups.direct_replies_handler), ""
+
+
+def _choose() -> tuple[BulkParsers, str]:
+    if os.environ.get(NO_EXTENSIONS, "") not in ("", "0"):
+        return PURE, f"{NO_EXTENSIONS} is set"
+    compiled, why = compiled_parsers()
+    return (compiled, "") if compiled is not None else (PURE, why)
+
+
+BULK, _WHY = _choose()
+"""The bulk handlers in use (the tests swap it to run one suite over both)."""
+
+
+@cache
+def _announce(name: str) -> None:
+    """Say once per process which bulk handlers parse (the first time a reader asks for one)."""
+    why = f" ({_WHY})" if _WHY and name == PURE.name else ""
+    log.info("spark-jetstream parses messages with its %s bulk handlers%s", name, why)
+
+
+def deliveries_handler(sid: int, deliver: Deliver, keep_headers: bool) -> BulkHandler:
+    """``deliveries_handler_py``'s handler, compiled or pure (``BULK``)."""
+    _announce(BULK.name)
+    return BULK.deliveries_handler(sid, deliver, keep_headers)
+
+
+def direct_replies_handler(sid: int, keep: Keep, keep_headers: bool) -> BulkHandler:
+    """``direct_replies_handler_py``'s handler, compiled or pure (``BULK``)."""
+    _announce(BULK.name)
+    return BULK.direct_replies_handler(sid, keep, keep_headers)
 
 
 def unreadable_delivery(what: str, reply: bytes) -> str:

@@ -19,7 +19,6 @@ import contextlib
 import heapq
 import json
 import logging
-import re
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -29,26 +28,22 @@ import pyarrow as pa
 from spark_jetstream.client import messages
 from spark_jetstream.client.connection import DIRECT_ATTEMPT, Connection
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.client.protocol import STATUS_PREFIX, BulkHandler, status_line
+from spark_jetstream.client.protocol import (
+    DIRECT_HEADERS,
+    HEADER_START,
+    STATUS_PREFIX,
+    BulkHandler,
+    direct_replies_handler,
+    status_line,
+)
 from spark_jetstream.errors import ClusterUnavailableError, ReaderError
 from spark_jetstream.read.ranges import SeqRange
 from spark_jetstream.read.rows import RowBatches, RowBuffer
 
 log = logging.getLogger(__name__)
 
-_DIRECT_HEADERS = b"\r\nNats-Stream: "  # the server appends its headers after the message's own
-_NO_HEADERS = len(b"NATS/1.0\r\n")  # a reply's header block up to the server's: the message had none
+_NO_HEADERS = len(HEADER_START)  # a reply's header block up to the server's: the message had none
 _LAGGING_RETRIES = 50
-
-_REPLY = (
-    rb"HMSG [^ \r\n]++ %d (\d++) (\d++)\r\n"  # <inbox> <sid> <header size> <size>
-    rb"NATS/1\.0\r\n(?:[^\r\n]*+\r\n)*?"  # the message's own headers, if any (a status has a code: no match)
-    rb"Nats-Stream: [^\r\n]*+\r\nNats-Subject: ([^\r\n]++)\r\nNats-Sequence: (\d++)\r\n"
-    rb"Nats-Time-Stamp: ([^\r\n]++)\r\n(?:Nats-Num-Pending: (\d++)\r\n)?(?:Nats-Last-Sequence: \d++\r\n)?\r\n"
-)
-"""One Direct Get reply to subscription ``%d`` up to its payload, as nats-server 2.11-2.15 writes it: the protocol line,
-then the server's headers after the message's own; the blank line that ends a header block can only be its end. A
-reply it does not match exactly goes to the per-message handler."""
 
 
 def first_seqs(
@@ -236,39 +231,10 @@ class _DirectReader:
             self.done = True
 
     def _bulk(self, sid: int) -> BulkHandler:
-        """Bulk handler of the Direct Get inbox: takes runs of replies straight from the read buffer, one regex
-        match each, and keeps each run in one step (decision 0011: the client's CPU is shared with the JVM and the
-        server). Statuses, replies it does not recognise and incomplete ones go to ``_on_message``."""
-        match = re.compile(_REPLY % sid).match
-
-        def take(buf: bytearray, view: memoryview, pos: int) -> int:
-            keep_headers, size = self.range.include_headers, len(buf)
-            subjects: list[bytes] = []
-            payloads: list[memoryview] = []
-            seqs: list[bytes] = []
-            stamps: list[bytes] = []
-            headers: list[bytes | None] = []
-            pending = None
-            while (found := match(buf, pos)) is not None:
-                header_size, total, subject, seq, stamp, pending = found.groups()
-                header_end = found.end()
-                start = header_end - int(header_size)  # where the header block starts
-                end = start + int(total)
-                if end + 2 > size or buf[end] != 13:
-                    break  # not all here yet (or sizes the parser reports)
-                pos = end + 2
-                subjects.append(subject)
-                payloads.append(view[header_end:end])
-                seqs.append(seq)
-                stamps.append(stamp)
-                if keep_headers:  # the message's own headers: what comes before the server's (None: none)
-                    own_end = buf.rfind(_DIRECT_HEADERS, start, header_end) + 2
-                    headers.append(bytes(view[start:own_end]) + b"\r\n" if own_end > start + _NO_HEADERS else None)
-            if seqs:
-                self._keep(subjects, payloads, list(map(int, seqs)), stamps, headers if keep_headers else None, pending)
-            return pos
-
-        return take
+        """Bulk handler of the Direct Get inbox (``protocol.direct_replies_handler``): takes runs of replies straight
+        from the read buffer and keeps each run in one step (decision 0011: the client's CPU is shared with the JVM
+        and the server). Statuses, replies it does not recognise and incomplete ones go to ``_on_message``."""
+        return direct_replies_handler(sid, self._keep, self.range.include_headers)
 
     def _on_message(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         """Raw handler of the Direct Get inbox (loop thread, once per message: keep it lean)."""
@@ -282,7 +248,7 @@ class _DirectReader:
                 self.error = f"Direct Get on stream {self.range.stream!r} failed: {status_line(headers)}."
             self.batch_done.set()
             return
-        cut = headers.rfind(_DIRECT_HEADERS)
+        cut = headers.rfind(DIRECT_HEADERS)
         fields = dict(line.split(b": ", 1) for line in headers[cut + 2 : -4].split(b"\r\n"))
         self._keep(
             [fields[b"Nats-Subject"]],

@@ -1,0 +1,537 @@
+"""The compiled bulk handlers (``client/_speedups.c``) do exactly what their pure-Python twins do, for any bytes: the
+same callback arguments (types and contents), the same position returned, the same errors raised (decision 0029).
+
+Both are fed the same wire bytes: generated runs of deliveries and of Direct Get replies (with and without headers,
+pin ids, redeliveries, statuses, other subscriptions' messages, empty and 1 MB payloads, many subjects), every prefix
+of a run (what a handler sees when a run is split across two reads), hostile bytes (sizes that lie, truncated lines,
+huge numbers, garbage) and, as a small fuzzer with a fixed seed, valid runs with random bytes changed.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import random
+import sys
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import spark_jetstream.client
+from spark_jetstream.client import protocol
+from spark_jetstream.client.protocol import PURE, BulkParsers, FastParser, wire
+
+COMPILED, WHY = protocol.compiled_parsers()
+needs_compiled = pytest.mark.skipif(COMPILED is None, reason=f"no compiled bulk handlers here: {WHY}")
+
+SID, OTHER_SID = 5, 55  # the other subscription's id starts with this one's digits
+INBOX = b"_INBOX.reader"
+STAMP = 1_764_200_000_000_000_000
+TIME = b"2026-11-27T10:00:00.123456789Z"
+PIN = b"NATS/1.0\r\nNats-Pin-Id: 8Jc2kWq9ZxT1bVn3mLp0aa\r\n\r\n"
+OWN_HEADERS = [None, PIN, b"NATS/1.0\r\nKey: a\r\nKey: b\r\nEmpty:\r\n\r\n", b"NATS/1.0\r\n\r\n"]
+STATUSES = [
+    b"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: 0\r\nNats-Last-Stream: 0\r\n\r\n",
+    b"NATS/1.0 409 Batch Completed\r\n\r\n",
+    b"NATS/1.0 404 No Messages\r\n\r\n",
+    b"NATS/1.0 408 Request Timeout\r\nNats-Pending-Messages: 10\r\nNats-Pending-Bytes: 0\r\n\r\n",
+    b"NATS/1.0 204 EOB\r\n\r\n",
+    b"NATS/1.0 503\r\n\r\n",
+]
+SUBJECTS = [b"%d.ev.k%d" % (i % 8, i) for i in range(1024)] + ["ü.🚀.x".encode(), b"a", b"s" * 300, b"q'\"~!@#"]
+PAYLOADS = [
+    b"",
+    b"x",
+    b"\r\n",
+    b"\r\n\r\n",
+    bytes(range(256)),
+    b"MSG 1.a 5 $JS.ACK.S.C.1.2.3.4.0 1\r\nx\r\n",  # a delivery of this subscription, inside a payload
+    b"p" * 100,
+]
+
+Kind = str  # "deliveries" or "direct": which handler of a ``BulkParsers``
+
+
+def handler_maker(parsers: BulkParsers, kind: Kind) -> Callable[..., protocol.BulkHandler]:
+    return parsers.deliveries_handler if kind == "deliveries" else parsers.direct_replies_handler
+
+
+def outcome(parsers: BulkParsers, kind: Kind, data: bytes, pos: int, keep_headers: bool, sid: int = SID) -> tuple:
+    """What one implementation's handler does with ``data`` at ``pos``: each callback call's arguments (types and
+    contents; memoryviews must be slices of the caller's buffer) and what it returned or raised."""
+    buf = bytearray(data)
+    calls: list[list[Any]] = []
+
+    def describe(value: object) -> object:
+        if isinstance(value, list):
+            return ["list", [describe(item) for item in value]]
+        if isinstance(value, memoryview):
+            assert value.obj is buf and value.format == "B" and not value.readonly and value.c_contiguous
+            return ("memoryview", value.tobytes())
+        return (type(value).__name__, value)
+
+    def callback(*args: object) -> None:
+        calls.append([describe(arg) for arg in args])
+
+    handler = handler_maker(parsers, kind)(sid, callback, keep_headers)
+    with memoryview(buf) as view:
+        try:
+            result: tuple = ("returned", handler(buf, view, pos))
+        except Exception as exc:  # compared, not hidden: both must raise the same
+            result = ("raised", type(exc), str(exc))
+    return calls, result
+
+
+def assert_alike(kind: Kind, data: bytes, positions: list[int] | None = None) -> list[tuple]:
+    """Both implementations at each of ``positions`` (every line start by default), keeping headers and not."""
+    assert COMPILED is not None
+    if positions is None:
+        positions = line_starts(data)
+    seen = []
+    for keep_headers in (False, True):
+        for pos in positions:
+            pure = outcome(PURE, kind, data, pos, keep_headers)
+            compiled = outcome(COMPILED, kind, data, pos, keep_headers)
+            if compiled != pure:
+                pytest.fail(
+                    f"{kind} differ at {pos} (keep_headers={keep_headers}) of {data[:300]!r}...: "
+                    f"pure {_short(pure)}, compiled {_short(compiled)}"
+                )
+            seen.append(pure)
+    return seen
+
+
+def _short(found: tuple) -> str:
+    text = repr(found)
+    return text if len(text) < 2000 else text[:2000] + "..."
+
+
+def line_starts(data: bytes) -> list[int]:
+    """0 and every position after a CRLF: where a message's line may start."""
+    starts, at = [0], data.find(b"\r\n")
+    while at >= 0:
+        starts.append(at + 2)
+        at = data.find(b"\r\n", at + 2)
+    return starts
+
+
+# -- generated wire bytes ---------------------------------------------------------------------------------------------
+
+
+def ack_reply(rng: random.Random, seq: int, delivered: int, pending: int) -> bytes:
+    """A delivery's reply subject, in one of its three forms (7, 9 or 10 tokens after ``$JS.ACK.``)."""
+    numbers = b"%d.%d.%d.%d.%d" % (delivered, seq, seq + 7, STAMP + seq, pending)
+    form = rng.randrange(3)
+    if form == 0:
+        return b"$JS.ACK.STREAM.member-0." + numbers
+    prefix = b"$JS.ACK.hub.ACCHASH.STREAM.member-0."
+    return prefix + numbers + (b".rAnD0m" if form == 2 else b"")
+
+
+def deliveries(rng: random.Random, count: int, payload: bytes | None = None) -> list[bytes]:
+    """``count`` messages on the pull inbox: deliveries (pin ids, other headers, redeliveries, pending counts),
+    statuses, and another subscription's messages between them."""
+    messages, seq = [], 0
+    for _ in range(count):
+        draw = rng.random()
+        if draw < 0.08:
+            messages.append(wire(SID, INBOX, b"", b"", rng.choice(STATUSES)))
+            continue
+        if draw < 0.12:
+            messages.append(wire(OTHER_SID, b"other.sub", b"", b"x", rng.choice([None, PIN])))
+            continue
+        if draw < 0.2 and seq > 1:
+            delivered, number = rng.randrange(2, 5), rng.randrange(1, seq)  # a redelivery
+        else:
+            seq += 1
+            delivered, number = 1, seq
+        data = payload if payload is not None else rng.choice(PAYLOADS)
+        pending = rng.choice([0, 1, 7, 10**6])
+        reply = ack_reply(rng, number, delivered, pending)
+        messages.append(wire(SID, rng.choice(SUBJECTS), reply, data, rng.choice(OWN_HEADERS)))
+    return messages
+
+
+def direct_reply(
+    seq: int,
+    payload: bytes,
+    own: bytes | None = None,
+    pending: int | None = 0,
+    last: int | None = None,
+    subject: bytes = b"1.ev.k1",
+    sid: int = SID,
+) -> bytes:
+    """A Direct Get reply as nats-server 2.11-2.15 writes it: the message's own headers, then the server's."""
+    server = b"Nats-Stream: S\r\nNats-Subject: %s\r\nNats-Sequence: %d\r\nNats-Time-Stamp: %s\r\n" % (
+        subject,
+        seq,
+        TIME,
+    )
+    if pending is not None:
+        server += b"Nats-Num-Pending: %d\r\n" % pending
+    if last is not None:
+        server += b"Nats-Last-Sequence: %d\r\n" % last
+    block = (own or b"NATS/1.0\r\n\r\n")[:-2] + server + b"\r\n"
+    return wire(sid, INBOX, b"", payload, block)
+
+
+def direct_replies(rng: random.Random, count: int, payload: bytes | None = None) -> list[bytes]:
+    """``count`` messages on a Direct Get inbox: replies (own headers, with and without pending and last seq),
+    statuses, and another subscription's replies between them."""
+    messages = []
+    for seq in range(1, count + 1):
+        draw = rng.random()
+        if draw < 0.08:
+            messages.append(wire(SID, INBOX, b"", b"", rng.choice(STATUSES)))
+            continue
+        sid = OTHER_SID if draw < 0.12 else SID
+        data = payload if payload is not None else rng.choice(PAYLOADS)
+        own = rng.choice([*OWN_HEADERS, b"NATS/1.0\r\nNats-Stream: fake\r\nNats-Sequence: 999\r\n\r\n"])
+        pending = rng.choice([None, 0, count - seq])
+        last = rng.choice([None, None, seq + 100])
+        messages.append(direct_reply(seq, data, own, pending, last, rng.choice(SUBJECTS), sid))
+    return messages
+
+
+GENERATORS = {"deliveries": deliveries, "direct": direct_replies}
+KINDS = list(GENERATORS)
+
+
+# -- the differential tests -----------------------------------------------------------------------------------------
+
+
+@needs_compiled
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("seed", range(6))
+def test_generated_runs_are_handed_over_alike_from_every_message(kind, seed):
+    data = b"".join(GENERATORS[kind](random.Random(seed), 80))
+    seen = assert_alike(kind, data)
+    assert any(calls for calls, _ in seen), "some runs were taken"
+
+
+@needs_compiled
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_split_point_of_a_run_across_two_reads(kind):
+    """The handler sees every prefix of a run (what one read held); and the connection's parser, fed the run in
+    two reads split at every point, hands the same things to the bulk and the per-message handlers."""
+    data = b"".join(GENERATORS[kind](random.Random(42), 14))
+    for end in range(len(data) + 1):
+        assert_alike(kind, data[:end], [0])
+    assert COMPILED is not None
+    for split in range(len(data) + 1):
+        assert parsed(COMPILED, kind, [data[:split], data[split:]]) == parsed(PURE, kind, [data[:split], data[split:]])
+
+
+@needs_compiled
+@pytest.mark.parametrize("kind", KINDS)
+def test_one_megabyte_payloads_and_their_split_points(kind):
+    rng = random.Random(7)
+    big = bytes(rng.randrange(256) for _ in range(4096)) * 256  # 1 MiB
+    data = b"".join([*GENERATORS[kind](rng, 2, big), *GENERATORS[kind](rng, 3)])
+    ends = {*range(0, 200), *range(len(data) - 300, len(data) + 1), *(rng.randrange(len(data)) for _ in range(20))}
+    first = data.find(b"\r\n", len(data) // 2)  # the line after the first big one
+    ends |= set(range(first - 40, first + 40))
+    for end in sorted(ends):
+        assert_alike(kind, data[:end], [0])
+    assert_alike(kind, data)
+
+
+@needs_compiled
+def test_empty_payloads_many_subjects_and_pin_ids_in_one_run():
+    rng = random.Random(3)
+    data = b"".join(
+        wire(
+            SID,
+            subject,
+            ack_reply(rng, seq, 1, len(SUBJECTS) - seq),
+            b"" if seq % 2 else b"x",
+            PIN if seq % 3 else None,
+        )
+        for seq, subject in enumerate(SUBJECTS, 1)
+    )
+    seen = assert_alike("deliveries", data, [0])
+    calls, (_, end) = seen[0]
+    assert end == len(data) and len(calls) == 1 and len(calls[0][0][1]) == len(SUBJECTS)
+
+
+DELIVERY = b"MSG 1.a 5 $JS.ACK.S.C.1.10.11.1764200000000000000.0 5\r\nhello\r\n"
+HEADED = b"HMSG 1.b 5 $JS.ACK.S.C.1.12.13.1764200000000000001.3 %d %d\r\n%shello\r\n" % (len(PIN), len(PIN) + 5, PIN)
+LONG = b"9" * 5000  # longer than int() converts by default (sys.get_int_max_str_digits(): 4300)
+HOSTILE_DELIVERIES = [
+    DELIVERY.replace(b" 5\r\n", b" 3\r\n"),  # a size that lies (short)
+    DELIVERY.replace(b" 5\r\n", b" 9\r\n"),  # a size that lies (long: the next line taken as payload)
+    DELIVERY.replace(b" 5\r\n", b" 99999999999999999999999\r\n"),  # a size past the buffer, past 64 bits
+    DELIVERY.replace(b" 5\r\n", b" 00000000000000000000005\r\n"),  # 23 digits, of value 5
+    DELIVERY.replace(b" 5\r\n", b" %b\r\n" % LONG),  # a size int() refuses to convert
+    DELIVERY.replace(b".1.10.", b".1.%b." % LONG),  # a seq int() refuses to convert
+    DELIVERY.replace(b".1.10.", b".1.123456789012345678901234567890."),  # a seq past 64 bits
+    DELIVERY.replace(b".1764200000000000000.", b".000000000000000000000000001."),
+    DELIVERY.replace(b".0 5", b".00 5"),  # pending "00": not the server's "nothing pending"
+    DELIVERY.replace(b" 5\r\n", b" 2 5\r\n"),  # MSG with a header size
+    HEADED.replace(b" %d %d\r\n" % (len(PIN), len(PIN) + 5), b" %d\r\n" % (len(PIN) + 5)),  # HMSG without one
+    HEADED.replace(b" %d %d\r\n" % (len(PIN), len(PIN) + 5), b" 99 5\r\n"),  # header size past the size
+    HEADED.replace(b" %d %d\r\n" % (len(PIN), len(PIN) + 5), b" %b 5\r\n" % LONG),
+    HEADED.replace(b" %d %d\r\n" % (len(PIN), len(PIN) + 5), b" 3 %d\r\n" % (len(PIN) + 5)),  # header size lies
+    DELIVERY.replace(b"S.C.1.", b"S.C.x."),  # a number that is not one
+    DELIVERY.replace(b"S.C.1.", b"S..1."),  # an empty token
+    DELIVERY.replace(b"S.C.1.", b"S.C.X.1."),  # 8 tokens
+    DELIVERY.replace(b"S.C.1.", b"A.B.C.D.S.C.1."),  # 11 tokens
+    DELIVERY.replace(b"S.C.1.", b"A.B.S.C.1.").replace(b".0 5", b".0.r.s 5"),  # 11 again, the random token's way
+    DELIVERY.replace(b"S.C.1.", b"\x00\xff.\t.1."),  # odd bytes in tokens
+    DELIVERY.replace(b"1.a 5", b"1.a  5"),  # two spaces
+    DELIVERY.replace(b"1.a 5", b"1.a 05"),  # the sid with a leading zero
+    DELIVERY.replace(b"1.a 5", b"1.a 55"),  # another sid starting with this one's digits
+    DELIVERY.replace(b"MSG 1.a", b"MSG \r.a"),  # a lone CR in the subject
+    DELIVERY.replace(b" 5\r\n", b" 5\n"),  # LF without CR
+    DELIVERY.replace(b" 5\r\n", b" 5\r"),  # a line cut after CR
+    DELIVERY.replace(b"MSG", b"HHMSG"),
+    DELIVERY.replace(b"MSG", b"msg"),
+    DELIVERY.replace(b"hello\r\n", b"helloXY"),  # no CRLF after the payload: taken by its size, as the parser does
+    DELIVERY[:-1],
+    DELIVERY[:20],
+    b"garbage\r\n" + DELIVERY,
+    DELIVERY + b"garbage in between\r\n" + DELIVERY + b"\x00\x01\x02" + HEADED,
+    DELIVERY + b"PING\r\n" + HEADED,
+    DELIVERY * 3 + b"MSG 1.a 5 $JS.ACK.S.C.1.10.11.1764200000000000000.0 5\r\nhe",
+    b"MSG 1.a 5 $JS.ACK." + b"a." * 5000 + b"0 5\r\nhello\r\n",  # a long reply subject
+    b"MSG " + b"s" * 100_000 + b" 5 $JS.ACK.S.C.1.10.11.12.0 5\r\nhello\r\n",  # a long subject
+    b"HMSG",
+    b"",
+]
+
+
+@needs_compiled
+@pytest.mark.parametrize("data", HOSTILE_DELIVERIES, ids=range(len(HOSTILE_DELIVERIES)))
+def test_hostile_deliveries_are_handled_alike(data):
+    assert_alike("deliveries", data)
+    assert_alike("deliveries", DELIVERY + data + DELIVERY)
+
+
+REPLY = direct_reply(3, b"hello", pending=7)
+REPLY_BLOCK = b"NATS/1.0\r\n" + REPLY.split(b"\r\nNATS/1.0\r\n", 1)[1].split(b"\r\n\r\n", 1)[0] + b"\r\n\r\n"
+BLOCK = len(REPLY_BLOCK)
+TRUE_SIZES = b" %d %d\r\n" % (BLOCK, BLOCK + 5)
+assert TRUE_SIZES in REPLY
+
+
+def edited(old: bytes, new: bytes, payload: bytes = b"hello") -> bytes:
+    """``REPLY`` with its header block edited, its sizes true."""
+    assert old in REPLY_BLOCK
+    return wire(SID, INBOX, b"", payload, REPLY_BLOCK.replace(old, new))
+
+
+HOSTILE_REPLIES = [
+    REPLY.replace(TRUE_SIZES, b" %d %d\r\n" % (BLOCK, BLOCK + 3)),  # a size that lies (short)
+    REPLY.replace(TRUE_SIZES, b" %d %d\r\n" % (BLOCK, BLOCK + 9)),  # (long)
+    REPLY.replace(TRUE_SIZES, b" %d %d\r\n" % (BLOCK - 4, BLOCK + 1)),  # a header size shorter than the block
+    REPLY.replace(TRUE_SIZES, b" %d %d\r\n" % (BLOCK + 4, BLOCK + 5)),  # longer than it
+    REPLY.replace(TRUE_SIZES, b" %d %d\r\n" % (BLOCK + 10_000, BLOCK + 5)),  # past the buffer
+    REPLY.replace(TRUE_SIZES, b" %d %d\r\n" % (BLOCK, BLOCK - 1)),  # a size below the header size
+    REPLY.replace(TRUE_SIZES, b" %d 99999999999999999999999\r\n" % BLOCK),
+    REPLY.replace(TRUE_SIZES, b" 99999999999999999999999 %d\r\n" % (BLOCK + 5)),
+    REPLY.replace(TRUE_SIZES, b" 0000000000000000000000%d %d\r\n" % (BLOCK, BLOCK + 5)),  # 25 digits, true
+    REPLY.replace(TRUE_SIZES, b" %b %d\r\n" % (LONG, BLOCK + 5)),  # a header size int() refuses to convert
+    REPLY.replace(TRUE_SIZES, b" %d %b\r\n" % (BLOCK, LONG)),  # a size int() refuses to convert
+    edited(b"Nats-Sequence: 3", b"Nats-Sequence: %b" % LONG),  # a seq int() refuses (after the run)
+    edited(b"Nats-Sequence: 3", b"Nats-Sequence: 123456789012345678901234567890"),
+    edited(b"Nats-Sequence: 3", b"Nats-Sequence: 0000000000000000000000000003"),
+    edited(b"Nats-Sequence: 3", b"Nats-Sequence: x"),
+    edited(b"Nats-Sequence: 3", b"Nats-Sequence: "),
+    edited(b"Nats-Num-Pending: 7", b"Nats-Num-Pending: x"),
+    edited(b"Nats-Num-Pending: 7", b"Nats-Num-Pending: 0000000000000000000000000007"),
+    edited(b"Nats-Num-Pending: 7\r\n", b"Nats-Num-Pending: 7\r\nNats-Last-Sequence: 9\r\n"),
+    edited(b"Nats-Num-Pending: 7\r\n", b"Nats-Last-Sequence: 9\r\n"),
+    edited(b"Nats-Num-Pending: 7\r\n", b"Nats-Last-Sequence: 9\r\nNats-Num-Pending: 7\r\n"),  # out of order
+    edited(b"Nats-Num-Pending: 7\r\n", b"Nats-Last-Sequence: x\r\n"),
+    edited(b"Nats-Num-Pending: 7\r\n", b""),
+    edited(b"Nats-Subject: 1.ev.k1", b"Nats-Subject: "),
+    edited(b"Nats-Subject: 1.ev.k1", "Nats-Subject: ü 🚀 \x00".encode()),
+    edited(b"Nats-Time-Stamp: ", b"Nats-Time-Stamp:"),
+    edited(b"Nats-Stream: S", b"Nats-Stream: "),  # an empty stream name is read
+    edited(b"Nats-Stream: S\r\n", b"Nats-Stream: S\n"),
+    edited(b"Nats-Stream: S\r\n", b"Nats-Stream: S\r"),
+    edited(b"NATS/1.0\r\n", b"NATS/1.0 200\r\n"),
+    edited(b"Nats-Num-Pending: 7\r\n", b"Nats-Num-Pending: 7\r\nX-After: 1\r\n"),  # a header after the server's
+    edited(b"\r\n\r\n", b"\r\n\r\nNats-Stream: S\r\nNats-Subject: 9\r\nNats-Sequence: 9\r\nNats-Time-Stamp: t\r\n\r\n"),
+    REPLY.replace(
+        b"\r\n\r\nhello",
+        b"\r\nX: 1\r\n\r\nNats-Stream: S\r\nNats-Subject: 9\r\nNats-Sequence: 9\r\nNats-Time-Stamp: t\r\n\r\nhello",
+    ),  # the server's headers only after the block's end
+    REPLY.replace(b"HMSG", b"MSG"),
+    REPLY.replace(b" 5 ", b" 55 "),
+    REPLY.replace(b" 5 ", b" 05 "),
+    REPLY.replace(b"HMSG " + INBOX, b"HMSG " + INBOX + b" reply"),  # a reply subject: not a Direct Get reply
+    direct_reply(4, b"x\r\n" + REPLY),  # a reply inside a payload
+    direct_reply(5, b"y", own=b"NATS/1.0\r\n\r\nNats-Stream: S\r\n\r\n"),  # a blank line inside its own headers
+    direct_reply(6, b"z", own=b"NATS/1.0\r\nA\rB: c\r\n\r\n"),  # a lone CR in its own headers
+    direct_reply(
+        7, b"w", own=b"NATS/1.0\r\nNats-Stream: S\r\nNats-Subject: 9\r\nNats-Sequence: 9\r\nNats-Time-Stamp: t\r\n\r\n"
+    ),  # the server's headers as its own
+    REPLY.replace(b"hello\r\n", b"helloXY"),
+    REPLY[:-1],
+    REPLY[:40],
+    b"garbage\r\n" + REPLY,
+    REPLY + b"garbage in between\r\n" + REPLY + b"\x00" + REPLY,
+    REPLY + b"HMSG " + INBOX + b" 5 9 9\r\nNATS/1.0\r\n" + b"line\r\n" * 2000,  # the server's headers never come
+    b"",
+]
+
+
+@needs_compiled
+@pytest.mark.parametrize("data", HOSTILE_REPLIES, ids=range(len(HOSTILE_REPLIES)))
+def test_hostile_direct_get_replies_are_handled_alike(data):
+    assert_alike("direct", data)
+    assert_alike("direct", REPLY + data + REPLY)
+
+
+@needs_compiled
+@pytest.mark.parametrize("kind", KINDS)
+def test_valid_runs_with_random_bytes_changed_are_handled_alike(kind):
+    """A small fuzzer with a fixed seed: valid runs with a few bytes replaced, inserted, removed or repeated (the
+    bytes the scanners look for most likely), compared from every line start."""
+    rng = random.Random(2028)
+    tricky = b" .\r\n0123456789HMSG$JSACK:-N\x00\xff"
+    for _ in range(1500):
+        data = bytearray(b"".join(GENERATORS[kind](rng, rng.randrange(1, 6))))
+        for _ in range(rng.randrange(1, 5)):
+            at = rng.randrange(len(data))
+            change = rng.randrange(4)
+            if change == 0:
+                data[at] = rng.choice(tricky)
+            elif change == 1:
+                data[at:at] = bytes(rng.choice(tricky) for _ in range(rng.randrange(1, 4)))
+            elif change == 2:
+                del data[at : at + rng.randrange(1, 8)]
+            else:
+                data[at:at] = data[at : at + rng.randrange(1, 30)]
+        assert_alike(kind, bytes(data))
+
+
+@needs_compiled
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_number_longer_than_int_converts_raises_the_same_error(kind):
+    data = DELIVERY.replace(b".1.10.", b".1.%b." % LONG) if kind == "deliveries" else edited(b": 3", b": %b" % LONG)
+    (calls, result), *_ = assert_alike(kind, data, [0])
+    assert calls == [] and result[:2] == ("raised", ValueError)
+
+
+@needs_compiled
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_callbacks_error_comes_through_alike(kind):
+    data = DELIVERY if kind == "deliveries" else REPLY
+
+    def failing(*args: object) -> None:
+        raise KeyError("the callback's")
+
+    for parsers in (PURE, COMPILED):
+        assert parsers is not None
+        buf = bytearray(data)
+        with pytest.raises(KeyError, match="the callback's"):
+            handler_maker(parsers, kind)(SID, failing, True)(buf, memoryview(buf), 0)
+
+
+@needs_compiled
+def test_a_position_past_the_buffer_takes_nothing_and_a_negative_one_is_refused():
+    assert_alike("deliveries", DELIVERY, [len(DELIVERY), len(DELIVERY) + 10])
+    assert_alike("direct", REPLY, [len(REPLY), len(REPLY) + 10])
+    assert COMPILED is not None
+    buf = bytearray(DELIVERY)
+    with pytest.raises(ValueError, match="must not be negative"):  # outside the seam's contract (the pure one wraps)
+        COMPILED.deliveries_handler(SID, print, False)(buf, memoryview(buf), -1)
+
+
+@needs_compiled
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_compiled_handler_and_its_callback_are_collected_in_a_cycle(kind):
+    assert COMPILED is not None
+
+    class Reader:
+        def callback(self, *args: object) -> None:
+            pass
+
+    reader = Reader()
+    reader.handler = handler_maker(COMPILED, kind)(SID, reader.callback, False)  # type: ignore[attr-defined]
+    gone = weakref.ref(reader)
+    del reader
+    gc.collect()
+    assert gone() is None
+
+
+# -- through the connection's parser ---------------------------------------------------------------------------------
+
+
+class Client:
+    """What ``FastParser`` talks to: the subscription's bulk handler of one implementation, its per-message handler,
+    and another subscription, each recording what it got."""
+
+    def __init__(self, parsers: BulkParsers, kind: Kind) -> None:
+        self.seen: list[tuple] = []
+        self.raw_handlers = {SID: self.raw}
+        self.bulk_handlers = {SID: handler_maker(parsers, kind)(SID, self.run, True)}
+
+    def run(self, *args: object) -> None:
+        self.seen.append(("run", *(_plain(arg) for arg in args)))
+
+    def raw(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        self.seen.append(("message", subject, reply, data, headers))
+
+    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        self.seen.append(("other", sid, subject, reply, data, headers))
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value.tobytes() if isinstance(value, memoryview) else value
+
+
+def parsed(parsers: BulkParsers, kind: Kind, chunks: list[bytes]) -> tuple[list[tuple], bytes]:
+    """What the connection's parser hands over from ``chunks`` (one read each), and what it keeps for the next."""
+    client = Client(parsers, kind)
+    parser = FastParser(client)
+    for chunk in chunks:
+        step = parser.parse(chunk)
+        with pytest.raises(StopIteration):  # nothing here waits: the messages are the bulk and raw handlers'
+            step.send(None)
+    return client.seen, bytes(parser.buf)
+
+
+# -- which one is used -------------------------------------------------------------------------------------------
+
+
+def test_the_variable_keeps_the_compiled_handlers_out_and_a_failed_import_leaves_the_pure_ones(monkeypatch):
+    monkeypatch.setenv(protocol.NO_EXTENSIONS, "1")
+    assert protocol._choose() == (PURE, "SPARK_JETSTREAM_NO_EXTENSIONS is set")
+    monkeypatch.setenv(protocol.NO_EXTENSIONS, "0")
+    assert protocol._choose()[0] == (COMPILED or PURE)
+    monkeypatch.delenv(protocol.NO_EXTENSIONS)
+    monkeypatch.setitem(sys.modules, "spark_jetstream.client._speedups", None)  # as where none was built
+    monkeypatch.delattr(spark_jetstream.client, "_speedups", raising=False)
+    parsers, why = protocol._choose()
+    assert parsers == PURE and why.startswith("the compiled ones did not import")
+
+
+def test_the_log_says_once_which_handlers_parse(monkeypatch, caplog):
+    protocol._announce.cache_clear()
+    caplog.set_level(logging.INFO, logger=protocol.__name__)
+    for _ in range(3):
+        protocol.deliveries_handler(SID, print, False)
+        protocol.direct_replies_handler(SID, print, False)
+    said = [record.getMessage() for record in caplog.records if "bulk handlers" in record.getMessage()]
+    assert said == [
+        f"spark-jetstream parses messages with its {protocol.BULK.name} bulk handlers"
+        + (f" ({protocol._WHY})" if protocol._WHY else "")
+    ]
+
+
+def test_the_compiled_handlers_import_where_they_were_built():
+    """A built extension that does not import (a wrong ABI, a missing symbol) would silently leave the pure path."""
+    built = list(Path(protocol.__file__).parent.glob("_speedups*.so")) + list(
+        Path(protocol.__file__).parent.glob("_speedups*.pyd")
+    )
+    if not built:
+        pytest.skip("no compiled bulk handlers were built here")
+    assert COMPILED is not None, WHY
