@@ -153,7 +153,9 @@ def test_api_calls_ride_through_a_meta_leader_change(leader_api, nats_cluster, s
     assert slowest < api.conn.api_timeout, f"a call took {slowest:.1f}s, over the API deadline"
     # The fault was exercised: calls made after it were answered by new leaders. (A pause is no proof either way: a
     # SIGTERM'd server hands its leaderships over as it stops, and calls may never stall.)
-    leaders = {c.answer["cluster"].get("leader") for c in during if c.name in ("stream_info", "consumer_info")}
+    leaders = {
+        (c.answer.get("cluster") or {}).get("leader") for c in during if c.name in ("stream_info", "consumer_info")
+    }
     assert leaders - {victim.name, None}, (
         f"every answer named the old leader {victim.name}: the fault was not exercised"
     )
