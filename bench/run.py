@@ -28,6 +28,8 @@ Each scenario is one module of ``bench/scenarios/`` that owns its measurement; t
   ``--pull-subjects``).
 * ``parser``: the readers' parse of deliveries into rows and their record batches, on bytes alone (no server's or
   Spark's share), CPU per message.
+* ``fuzz``: the compiled bulk handlers against their pure twins under a coverage-guided fuzzer (atheris, with ASan
+  and UBSan where clang is), ``--fuzz-seconds`` per handler; ``bench/fuzz.py`` alone does the same.
 
 Peak RSS (VmHWM, reset with ``/proc/<pid>/clear_refs`` when a measurement starts and polled) is
 recorded per measurement for this driver process, the Spark JVM and the Python processes under it.
@@ -67,6 +69,7 @@ from common import (
 from scenarios import (
     cold_job,
     first_batch,
+    fuzz,
     groupless,
     kv,
     large_messages,
@@ -102,6 +105,7 @@ RUNNERS: dict[str, Callable[[Suite], None]] = {
     "pull-reader": pull_reader.run,
     "parser": parser.run,
     "kv": kv.run,
+    "fuzz": fuzz.run,
 }
 SCENARIOS = tuple(RUNNERS)
 
@@ -158,6 +162,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="no transform, Direct Get",
         help="shapes: the scaling curve's shape, a part of its name ('none': no curve)",
     )
+    parser.add_argument("--fuzz-seconds", type=float, default=None, help="fuzz: seconds per handler (60; quick 15)")
     parser.add_argument("--naive-dir", type=Path, default=NAIVE_DIR, help="directory holding naive_source.py")
     args = parser.parse_args(argv)
     args.messages = args.messages or (100_000 if args.quick else 1_000_000)
@@ -165,6 +170,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.large_mb = args.large_mb or (200 if args.quick else 1000)
     args.shape_messages = args.shape_messages or (100_000 if args.quick else 400_000)
     args.cold_messages = args.cold_messages or (300_000 if args.quick else 3_000_000)
+    args.fuzz_seconds = args.fuzz_seconds or (15.0 if args.quick else 60.0)
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in args.only if s not in SCENARIOS]
     if unknown or not args.only:

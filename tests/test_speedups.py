@@ -5,12 +5,19 @@ Both are fed the same wire bytes: generated runs of deliveries and of Direct Get
 pin ids, redeliveries, statuses, other subscriptions' messages, empty and 1 MB payloads, many subjects), every prefix
 of a run (what a handler sees when a run is split across two reads), hostile bytes (sizes that lie, truncated lines,
 huge numbers, garbage) and, as a small fuzzer with a fixed seed, valid runs with random bytes changed.
+
+The compiled handlers get the bytes in a buffer that ends where a page no read may touch begins (``guarded``): a read
+one byte past the end faults at once, where a bytearray would hide it (it keeps a NUL after its bytes, inside the
+block it allocated, so not even ASan sees that read). ``bench/sanitize.py`` runs this file under ASan and UBSan, and
+``bench/fuzz.py`` runs ``outcome`` on what a coverage-guided fuzzer makes.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import logging
+import mmap
 import random
 import sys
 import weakref
@@ -59,17 +66,62 @@ def handler_maker(parsers: BulkParsers, kind: Kind) -> Callable[..., protocol.Bu
     return parsers.deliveries_handler if kind == "deliveries" else parsers.direct_replies_handler
 
 
-def outcome(parsers: BulkParsers, kind: Kind, data: bytes, pos: int, keep_headers: bool, sid: int = SID) -> tuple:
+GUARDS = sys.platform.startswith("linux")
+"""Whether ``guarded`` guards (``mprotect`` through ctypes, checked on Linux only)."""
+
+
+class _Guarded:
+    """Anonymous memory whose last page is made unreadable (``PROT_NONE``): bytes copied right before it end where a
+    read past them faults (SIGSEGV; under ASan, its report)."""
+
+    def __init__(self, size: int) -> None:
+        self.end = max(1, -(-size // mmap.PAGESIZE)) * mmap.PAGESIZE
+        self.memory = mmap.mmap(-1, self.end + mmap.PAGESIZE)
+        anchor = ctypes.c_char.from_buffer(self.memory)
+        address = ctypes.addressof(anchor)
+        del anchor  # an exported buffer would keep the map from ever closing
+        mprotect = ctypes.CDLL(None, use_errno=True).mprotect
+        mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        self.guard = address + self.end
+        if mprotect(self.guard, mmap.PAGESIZE, 0) != 0:  # PROT_NONE
+            raise OSError(ctypes.get_errno(), "mprotect")
+        self.view = memoryview(self.memory)
+
+    def holding(self, data: bytes) -> memoryview:
+        start = self.end - len(data)
+        self.view[start : self.end] = data
+        return self.view[start : self.end]
+
+
+_guarded: list[_Guarded] = []
+
+
+def guarded(data: bytes) -> memoryview:
+    """``data`` in memory a read may not go past: a writable memoryview of format ``B`` (its slices' ``obj`` is the
+    map), valid until the next call. Where pages cannot be protected (not Linux), a bytearray's view."""
+    if not GUARDS:
+        return memoryview(bytearray(data))
+    if not _guarded or _guarded[0].end < len(data):
+        _guarded[:] = [_Guarded(len(data))]
+    return _guarded[0].holding(data)
+
+
+def outcome(
+    parsers: BulkParsers, kind: Kind, data: bytes, pos: int, keep_headers: bool, sid: int = SID, guard: bool = True
+) -> tuple:
     """What one implementation's handler does with ``data`` at ``pos``: each callback call's arguments (types and
-    contents; memoryviews must be slices of the caller's buffer) and what it returned or raised."""
-    buf = bytearray(data)
+    contents; memoryviews must be slices of the caller's buffer) and what it returned or raised. A compiled handler
+    gets the bytes in ``guarded`` memory (with ``guard``); the pure one, which needs a bytearray's methods, in a
+    bytearray, as the connection's parser hands them."""
+    buf: bytearray | memoryview = bytearray(data) if parsers is PURE or not guard else guarded(data)
+    owner = buf.obj if isinstance(buf, memoryview) else buf
     calls: list[list[Any]] = []
 
     def describe(value: object) -> object:
         if isinstance(value, list):
             return ["list", [describe(item) for item in value]]
         if isinstance(value, memoryview):
-            assert value.obj is buf and value.format == "B" and not value.readonly and value.c_contiguous
+            assert value.obj is owner and value.format == "B" and not value.readonly and value.c_contiguous
             return ("memoryview", value.tobytes())
         return (type(value).__name__, value)
 
@@ -441,6 +493,28 @@ def test_a_position_past_the_buffer_takes_nothing_and_a_negative_one_is_refused(
     buf = bytearray(DELIVERY)
     with pytest.raises(ValueError, match="must not be negative"):  # outside the seam's contract (the pure one wraps)
         COMPILED.deliveries_handler(SID, print, False)(buf, memoryview(buf), -1)
+
+
+@pytest.mark.skipif(not GUARDS, reason="guarded memory is made on Linux only")
+def test_the_compiled_handlers_bytes_end_where_a_page_no_read_may_touch_begins():
+    """What makes a read one byte past the end fault in the differential tests (a bytearray would hide it)."""
+    for data in (b"", b"x", DELIVERY, b"y" * (3 * mmap.PAGESIZE + 5)):
+        view = guarded(data)
+        memory = _guarded[0]
+        assert view.tobytes() == data and view.obj is memory.memory
+        if data:
+            start = ctypes.c_char.from_buffer(view)
+            assert ctypes.addressof(start) + len(data) == memory.guard
+            del start
+        with open("/proc/self/maps") as maps:
+            ranges = [line.split() for line in maps]
+        permissions = [fields[1] for fields in ranges if _within(memory.guard, fields[0])]
+        assert [flags[:3] for flags in permissions] == ["---"], permissions  # mapped, not readable nor writable
+
+
+def _within(address: int, span: str) -> bool:
+    low, high = (int(bound, 16) for bound in span.split("-"))
+    return low <= address < high
 
 
 @needs_compiled
