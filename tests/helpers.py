@@ -160,6 +160,39 @@ def add_messages(
         stream.messages[result.first_seq + offset] = message
 
 
+@dataclass
+class SnapshotMerge:
+    """A streaming read of ``bucket`` from ``snapshot`` (2 changes a batch), merged by key as a ``foreachBatch`` MERGE
+    would: ``run()`` runs it once more (``availableNow``, one checkpoint); ``merged`` is the table it keeps,
+    ``batches`` each batch's rows (revision, key, value, operation)."""
+
+    spark: SparkSession
+    url: str
+    bucket: str
+    checkpoint: Path
+    merged: dict[str, bytes] = field(default_factory=dict)
+    batches: list[list[tuple]] = field(default_factory=list)
+
+    def merge(self, frame: DataFrame, batch_id: int) -> None:
+        rows = sorted((r.revision, r.key, r.value, r.operation) for r in frame.collect())
+        self.batches.append(rows)
+        for _, key, value, operation in rows:
+            if operation == "PUT":
+                self.merged[key] = value
+            else:
+                self.merged.pop(key, None)
+
+    def run(self) -> None:
+        query = (
+            self.spark.readStream.format("jetstream").option("servers", self.url).option("bucket", self.bucket)
+            .option("startingPosition", "snapshot").option("maxMessagesPerTrigger", 2).load()
+            .writeStream.foreachBatch(self.merge).option("checkpointLocation", str(self.checkpoint))
+            .trigger(availableNow=True).start()
+        )  # fmt: skip
+        query.awaitTermination(120)
+        assert query.exception() is None, query.exception()
+
+
 def kv_ops(
     url: str,
     bucket: str,

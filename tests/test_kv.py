@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 
 import nats
 import pytest
-from helpers import kv_ops
+from helpers import SnapshotMerge, kv_ops
 
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.errors import OptionError
@@ -136,33 +136,13 @@ def test_a_snapshot_then_the_changes_keep_a_table_equal_to_the_bucket(spark, nat
     maxMessagesPerTrigger), then each change; the table equals the bucket after every run."""
     name = bucket(f"snap{history}")
     kv_ops(nats_server.url, name, OPS, history=history, direct=True)
-    merged: dict[str, bytes] = {}
-    batches: list[list[tuple]] = []
-
-    def merge(frame, batch_id: int) -> None:
-        rows = sorted((r.revision, r.key, r.value, r.operation) for r in frame.collect())
-        batches.append(rows)
-        for _, key, value, operation in rows:
-            if operation == "PUT":
-                merged[key] = value
-            else:
-                merged.pop(key, None)
-
-    def run() -> None:
-        query = (
-            spark.readStream.format("jetstream").option("servers", nats_server.url).option("bucket", name)
-            .option("startingPosition", "snapshot").option("maxMessagesPerTrigger", 2).load()
-            .writeStream.foreachBatch(merge).option("checkpointLocation", str(tmp_path / "cp"))
-            .trigger(availableNow=True).start()
-        )  # fmt: skip
-        query.awaitTermination(120)
-        assert query.exception() is None, query.exception()
-
-    run()
+    snapshot = SnapshotMerge(spark, nats_server.url, name, tmp_path / "cp")
+    snapshot.run()
+    merged, batches = snapshot.merged, snapshot.batches
     assert merged == live(nats_server.url, name) == {"user.1": b"ann v2", "group.a": b"admins", "user.4": b"dee"}
     assert [op for _, _, _, op in batches[0]] == ["PUT"] * 3  # the snapshot: live values only, in one batch
     kv_ops(nats_server.url, name, [("put", "user.5", b"eve"), ("delete", "user.1", None)], make=False)
-    run()
+    snapshot.run()
     assert merged == live(nats_server.url, name) == {"group.a": b"admins", "user.4": b"dee", "user.5": b"eve"}
 
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import nats
 import pytest
-from helpers import kv_ops, server_binary
+from helpers import SnapshotMerge, kv_ops, server_binary
 
 from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
@@ -224,34 +224,14 @@ def test_a_snapshot_of_a_bucket_without_direct_get_then_its_changes(spark, nats_
     """``startingPosition=snapshot``: the live values in one batch (through a consumer), then each change."""
     name = bucket("snapplain")
     kv_ops(nats_server.url, name, OPS, history=4)
-    merged: dict[str, bytes] = {}
-    batches: list[list[tuple]] = []
-
-    def merge(frame, batch_id: int) -> None:
-        rows = sorted((r.revision, r.key, r.value, r.operation) for r in frame.collect())
-        batches.append(rows)
-        for _, key, value, operation in rows:
-            if operation == "PUT":
-                merged[key] = value
-            else:
-                merged.pop(key, None)
-
-    def run() -> None:
-        query = (
-            spark.readStream.format("jetstream").option("servers", nats_server.url).option("bucket", name)
-            .option("startingPosition", "snapshot").option("maxMessagesPerTrigger", 2).load()
-            .writeStream.foreachBatch(merge).option("checkpointLocation", str(tmp_path / "cp"))
-            .trigger(availableNow=True).start()
-        )  # fmt: skip
-        query.awaitTermination(120)
-        assert query.exception() is None, query.exception()
-
-    run()
+    snapshot = SnapshotMerge(spark, nats_server.url, name, tmp_path / "cp")
+    snapshot.run()
+    merged, batches = snapshot.merged, snapshot.batches
     expected = {"user.1": b"ann v3", "user.2": b"bob again", "user.4": b"dee v2", "group.b": b"staff v2"}
     assert merged == expected
     assert [op for _, _, _, op in batches[0]] == ["PUT"] * 4  # the snapshot: live values only, in one batch
     kv_ops(nats_server.url, name, [("put", "user.6", b"fay"), ("delete", "user.1", None)], make=False)
-    run()
+    snapshot.run()
     del expected["user.1"]
     assert merged == {**expected, "user.6": b"fay"}
     assert api.consumer_names(f"KV_{name}") == []
