@@ -200,9 +200,7 @@ class _ConsumerRead:
                 why, self.recover = self.recover, None
                 await self._recover(why)
                 continue
-            if self.confirm:
-                self.confirm = False
-                await self._confirm()
+            if await self._settle():
                 continue
             self._pull()
             heard = self.heard
@@ -211,6 +209,15 @@ class _ConsumerRead:
                 await asyncio.wait_for(self.wakeup.wait(), _SILENCE)
             if self.heard == heard and not self.wakeup.is_set() and self.requests:
                 self.recover = f"no answer to a pull for {_SILENCE:g}s"
+
+    async def _settle(self) -> bool:
+        """What to do before pulling again, if anything (True: it did something): here, check with the stream leader
+        once the consumer had nothing more."""
+        if not self.confirm:
+            return False
+        self.confirm = False
+        await self._confirm()
+        return True
 
     async def _confirm(self) -> None:
         """The consumer had nothing more: finish, unless the stream leader holds a matching message in ``(last, end]``

@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import bisect
-import contextlib
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -52,10 +51,9 @@ from spark_jetstream.client import messages
 from spark_jetstream.client.connection import Connection
 from spark_jetstream.client.protocol import STATUS_PREFIX, status_of
 from spark_jetstream.errors import ReaderError
-from spark_jetstream.read.consumer import _NS, _SILENCE, _ConsumerRead, read_by_consumer
+from spark_jetstream.read.consumer import _NS, _ConsumerRead, read_by_consumer
 from spark_jetstream.read.kv import key_prefix
 from spark_jetstream.read.ranges import SeqRange
-from spark_jetstream.read.rows import RowBuffer
 
 LAST_PER_KEY = "last-per-key"
 """``SeqRange.read_mode`` of a range read here."""
@@ -159,36 +157,22 @@ class _LatestRead(_ConsumerRead):
 
     # -- the caller's side -------------------------------------------------------------------
 
-    async def next_rows(self) -> RowBuffer | None:
-        """The next full buffer of rows, or None once the filter's keys are read."""
-        ready = self.batches.ready
-        while True:
-            if self.error is not None:
-                raise self.error
-            if ready:
-                rows = ready.popleft()
-                self._pull()
-                return rows
-            if self.done:
-                return None
-            if self.recover is not None:
-                raise ReaderError(
-                    f"{self.name[0].upper()}{self.name[1:]} lost its consumer ({self.recover}); a read of a bucket's "
-                    "latest values cannot go on with a new one: run it again (Spark retries the task)."
-                )
-            if self.changed and (self.confirm or len(self.changed) >= _RESOLVE_AT):
-                await self._resolve()
-                continue
-            if self.confirm:  # a pull found nothing more, or a delivery came from after the consumer was made
-                self._finish()
-                continue
-            self._pull()
-            heard = self.heard
-            self.wakeup.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wakeup.wait(), _SILENCE)
-            if self.heard == heard and not self.wakeup.is_set() and self.requests:
-                self.recover = f"no answer to a pull for {_SILENCE:g}s"
+    async def _recover(self, why: str) -> None:
+        raise ReaderError(
+            f"{self.name[0].upper()}{self.name[1:]} lost its consumer ({why}); a read of a bucket's latest values "
+            "cannot go on with a new one: run it again (Spark retries the task)."
+        )
+
+    async def _settle(self) -> bool:
+        """Read the keys that changed after the bound from the leader (in bulk, or all once the consumer is done);
+        finish once a pull found nothing more, or a delivery came from after the consumer was made."""
+        if self.changed and (self.confirm or len(self.changed) >= _RESOLVE_AT):
+            await self._resolve()
+            return True
+        if self.confirm:
+            self._finish()
+            return True
+        return False
 
     async def _resolve(self) -> None:
         """Read each waiting key's latest revision up to the bound from the leader, into the rows."""
