@@ -81,6 +81,35 @@ def test_mutual_tls(mtls_server, pki):
         connect(ConnectionOptions(servers=(mtls_server.url,), tls_ca=pki["ca.pem"], connect_timeout=3))
 
 
+@pytest.mark.slow
+def test_a_query_with_the_tls_key_as_text_shows_it_nowhere(mtls_server, pki, spark, tmp_path):
+    """Through Spark, on a server that verifies client certificates: ``tls.keySecret`` reads exactly and its PEM is in
+    no plan, ``explain`` or progress (Spark's ``spark.redaction.regex`` matches the option's name)."""
+    from spark_jetstream.client.publish import publish_all
+
+    key = Path(pki["client.key"]).read_text()
+    tls = {"servers": mtls_server.url, "tls.ca": pki["ca.pem"], "tls.cert": pki["client.pem"], "tls.keySecret": key}
+    options = parse_connection_options(tls)
+    api = JetStreamApi(connect(options))
+    api.create_stream({"name": "Mtls", "subjects": ["mtls.>"]})
+    assert publish_all(api.conn, ((f"mtls.k{i}", f"m{i}".encode(), None) for i in range(100))).count == 100
+    df = spark.readStream.format("jetstream").options(**tls, stream="Mtls").load()
+    query = (
+        df.writeStream.format("memory")
+        .queryName("mtls_read")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert sorted(r.seq for r in spark.sql("select seq from mtls_read").collect()) == list(range(1, 101))
+    shown = [df._jdf.queryExecution().toString(), query._jsq.explainInternal(True), str(query.recentProgress)]
+    body = key.splitlines()[1]  # a line of the key's base64
+    assert "keysecret" in shown[0].lower() and not [text for text in shown if body in text or "PRIVATE KEY" in text]
+    api.delete_stream("Mtls")
+    disconnect(options)
+
+
 def _open_files() -> list[str]:
     found = []
     for fd in os.listdir("/proc/self/fd"):
