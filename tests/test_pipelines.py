@@ -5,6 +5,7 @@ sink stream checked exactly."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -21,7 +22,11 @@ from helpers import add_messages, kv_ops, stored
 pytestmark = pytest.mark.slow
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "pipeline"
-CONFS = ["--conf", "spark.sql.catalogImplementation=hive", "--conf", "spark.ui.enabled=false"]
+ONE_FLOW_AT_A_TIME = ["--conf", "spark.sql.pipelines.execution.maxConcurrentFlows=1"]
+"""PySpark 4.3.0: two flows reading Python data sources that start at the same moment can fail with "Task
+serialization failed: Illegal size 5 of collection, expected 6" (seen in 2 of about 8 runs here, both source flows
+at once): the flows run one at a time (README, Declarative pipelines)."""
+CONFS = ["--conf", "spark.sql.catalogImplementation=hive", "--conf", "spark.ui.enabled=false", *ONE_FLOW_AT_A_TIME]
 FIRST_CHANGES = [("put", "eu.1", b"10"), ("put", "eu.2", b"20"), ("put", "us.1", b"30")]
 SECOND_CHANGES = [("put", "eu.1", b"11"), ("delete", "eu.2", None), ("purge", "us.1", None), ("put", "us.2", b"40")]
 
@@ -60,9 +65,16 @@ def run_pipeline(folder: Path) -> float:
         output, _ = child.communicate()
         pytest.fail(f"spark-pipelines run timed out:\n{output.decode(errors='replace')[-5000:]}")
     text = output.decode(errors="replace")
-    assert child.returncode == 0, text[-5000:]
-    assert "Run is COMPLETED" in text, text[-5000:]
+    assert child.returncode == 0, _what_failed(text)
+    assert "Run is COMPLETED" in text, _what_failed(text)
     return time.monotonic() - started
+
+
+def _what_failed(text: str) -> str:
+    """The run's error lines (a Java stack's frames left out: its tail is mostly frames) and its last lines."""
+    errors = [line for line in text.splitlines() if re.search(r"Error|Exception|FAILED|failed", line)]
+    errors = [line for line in errors if not line.lstrip().startswith("at ")]
+    return "\n".join(errors[:40]) + "\n...\n" + text[-2000:]
 
 
 def kv_changes(url: str, bucket: str, ops: list[tuple[str, str, bytes | None]], make: bool = False) -> list[tuple]:
