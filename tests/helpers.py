@@ -160,6 +160,19 @@ def add_messages(
         stream.messages[result.first_seq + offset] = message
 
 
+KV_OPS: list[tuple[str, str, bytes | None]] = [
+    ("put", "user.1", b"ann"),
+    ("put", "user.2", b"bob"),
+    ("put", "user.3", b"cid"),
+    ("put", "user.1", b"ann v2"),
+    ("delete", "user.2", None),
+    ("put", "group.a", b"admins"),
+    ("purge", "user.3", None),
+    ("put", "user.4", b"dee"),
+]
+"""A bucket's history for the KV tests: puts, a delete and a purge over a few keys (``kv_ops``)."""
+
+
 @dataclass
 class SnapshotMerge:
     """A streaming read of ``bucket`` from ``snapshot`` (2 changes a batch), merged by key as a ``foreachBatch`` MERGE

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 
 import nats
 import pytest
-from helpers import SnapshotMerge, kv_ops
+from helpers import KV_OPS, SnapshotMerge, kv_ops
 
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.errors import OptionError
@@ -28,16 +28,7 @@ def bucket(api) -> Iterator[Callable[[str], str]]:
             api.delete_stream(f"KV_{bucket}")
 
 
-OPS = [
-    ("put", "user.1", b"ann"),
-    ("put", "user.2", b"bob"),
-    ("put", "user.3", b"cid"),
-    ("put", "user.1", b"ann v2"),
-    ("delete", "user.2", None),
-    ("put", "group.a", b"admins"),
-    ("purge", "user.3", None),
-    ("put", "user.4", b"dee"),
-]
+OPS = KV_OPS
 
 
 def table(spark, url: str, bucket: str, **options: str) -> list[tuple]:

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import nats
 import pytest
-from helpers import SnapshotMerge, kv_ops, server_binary
+from helpers import KV_OPS, SnapshotMerge, kv_ops, server_binary
 
 from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
@@ -23,14 +23,7 @@ from spark_jetstream.read.tasks import read_ranges
 from spark_jetstream.tools.embedded import EmbeddedServer
 
 OPS = [
-    ("put", "user.1", b"ann"),
-    ("put", "user.2", b"bob"),
-    ("put", "user.3", b"cid"),
-    ("put", "user.1", b"ann v2"),
-    ("delete", "user.2", None),
-    ("put", "group.a", b"admins"),
-    ("purge", "user.3", None),
-    ("put", "user.4", b"dee"),
+    *KV_OPS,  # test_kv.py's, then more revisions, deletes and purges
     ("put", "user.1", b"ann v3"),
     ("put", "group.b", b"staff"),
     ("put", "user.2", b"bob again"),
