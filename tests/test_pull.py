@@ -110,6 +110,33 @@ def test_newer_reader_fences_the_older_one(ack_policy, first_attempt, conn, make
     assert len(seen_by_a) < len(expected)
 
 
+def test_a_refused_stale_pull_of_its_own_does_not_fence_the_pin_holder(conn, make_stream, caplog):
+    """After a consumer leader change a pull of the reader's own can still wait with a pin id from before its re-pin,
+    and the server refuses it (423) while the reader holds the pin: the reader reads on. Only a pin held by another
+    reader fences it (the test above)."""
+    stream = make_stream(3000, partitions=2)
+    member = MemberRange(stream.name, stream.consumer(0), 0, stream.last_seq)
+    pull = _PinnedPull(conn, member, SMALL)
+    seqs: list[int] = []
+
+    def take(rows) -> None:
+        seqs.extend(rows.to_record_batch(member.stream, True, False).column("seq").to_pylist())
+
+    try:
+        conn.run(pull.open())
+        take(conn.run(pull.next_rows()))
+        assert pull.deliveries.pin_id
+        stale = {"batch": 1, "expires": 1_000_000_000, "group": member.priority_group, "id": "stale"}
+        with caplog.at_level("INFO", logger="spark_jetstream"):
+            conn.run(conn.client.publish(pull.pull_subject, json.dumps(stale).encode(), reply=pull.inbox))
+            while (rows := conn.run(pull.next_rows())) is not None:
+                take(rows)
+    finally:
+        conn.run(pull.close(), timeout=10)
+    assert seqs == stream.expected(0, 0, stream.last_seq)
+    assert "was refused (Nats-Pin-Id mismatch)" in caplog.text
+
+
 def test_ranges_without_messages_never_wait_for_a_pull_to_expire(conn, make_stream):
     stream = make_stream(40, partitions=8)
     patient = PullSettings(batch=50, in_flight=3, expires=30.0, idle_heartbeat=5.0, record_batch_size=70)

@@ -86,6 +86,7 @@ class _PinnedPull:
         self.error: JetStreamError | None = None
         self.needs_check = False
         self.leader_changed = False  # pins seen since then may stem from this reader's own pulls
+        self.pin_refused: str | None = None  # a 423's description, until the progress check weighs it
         self.recoveries = 0
         self.heard = 0  # `deliveries.received` when next_rows last looked, at `last_activity`
         self.last_activity = 0.0
@@ -254,12 +255,11 @@ class _PinnedPull:
             self.deliveries.pin_id = None
             self.leader_changed = True
         elif code == 423:
-            self._fail(
-                FencedError(
-                    f"Read of {self.name} was fenced: a newer reader of this member took the pin "
-                    f"({description}). This attempt is obsolete and stops; the newer one reads the range."
-                )
-            )
+            # A pull of ours held a pin id the consumer no longer has: a newer reader took the pin, or
+            # (after a leader change) the pull waited with an id from before this reader's own re-pin.
+            # The progress check tells the two apart by who holds the pin now.
+            self.pin_refused = description
+            self.needs_check = True
         elif code == 409 and description == "Consumer Deleted":
             self._fail(ReaderError(f"The {self.name} was deleted while it was being read."))
         else:
@@ -281,6 +281,22 @@ class _PinnedPull:
         deliveries = self.deliveries
         if deliveries.done or self.error is not None:
             return
+        if (refused := self.pin_refused) is not None:
+            self.pin_refused = None
+            if (not pinned or pinned != deliveries.pin_id) and not self.leader_changed:
+                self._fail(
+                    FencedError(
+                        f"Read of {self.name} was fenced: a newer reader of this member took the pin "
+                        f"({refused}). This attempt is obsolete and stops; the newer one reads the range."
+                    )
+                )
+                return
+            log.info(
+                "A pull to the %s was refused (%s): it waited with a pin id from before this reader's own "
+                "re-pin; reading on",
+                self.name,
+                refused,
+            )
         if not pinned:
             deliveries.pin_id = None  # a leader change or an expired priority_timeout dropped the pin
         if delivered > deliveries.last_seq:
