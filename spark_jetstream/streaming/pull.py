@@ -87,6 +87,7 @@ class _PinnedPull:
         self.needs_check = False
         self.leader_changed = False  # pins seen since then may stem from this reader's own pulls
         self.pin_refused: str | None = None  # a 423's description, until the progress check weighs it
+        self.leader: str | None = None  # the consumer's leader at the last RESET or progress check
         self.recoveries = 0
         self.heard = 0  # `deliveries.received` when next_rows last looked, at `last_activity`
         self.last_activity = 0.0
@@ -145,6 +146,7 @@ class _PinnedPull:
 
     async def _reset(self, seq: int) -> None:
         info = await self.api.reset(self.member.stream, self.member.consumer, seq)
+        self.leader = _leader(info)
         self.window.restart(info["num_pending"])
         self._check_config(info["config"])
         if self.window.budget == 0:
@@ -281,6 +283,8 @@ class _PinnedPull:
         deliveries = self.deliveries
         if deliveries.done or self.error is not None:
             return
+        if (leader := _leader(info)) != self.leader:  # a change whose 409 did not reach this reader counts too
+            self.leader, self.leader_changed = leader, True
         if (refused := self.pin_refused) is not None:
             self.pin_refused = None
             if (not pinned or pinned != deliveries.pin_id) and not self.leader_changed:
@@ -346,3 +350,7 @@ class _PinnedPull:
             return await call
         except ConnectError as exc:
             raise ReaderError(f"The {self.name} stayed unavailable: {exc}") from None
+
+
+def _leader(info: dict[str, Any]) -> str | None:
+    return (info.get("cluster") or {}).get("leader")
