@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -44,9 +45,31 @@ def find_server_binary() -> str:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A free port below the kernel's ephemeral range: one the kernel hands out (a bind to port 0) may go to an
+    outgoing connection (a route, a client) before the server binds it, and the server then fails to start."""
+    for _ in range(200):
+        port = _ports.randrange(_PORTS_FROM, _ephemeral_start())
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # the low range is taken: an ephemeral port, as before
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+_PORTS_FROM = 10000
+_ports = random.SystemRandom()  # not the random module's state: forked test workers would share it
+
+
+def _ephemeral_start() -> int:
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default; elsewhere the low range is as good a guess
+    return max(low, _PORTS_FROM + 1000)
 
 
 _IP = shutil.which("ip") or "/sbin/ip"
