@@ -182,8 +182,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def warn_if_workers_import_another_package() -> None:
+    """Spark's Python workers start in the driver's working directory and import ``spark_jetstream`` from it first: a
+    checkout there without the compiled handlers makes them pure while this process runs the installed package."""
+    import spark_jetstream
+    from spark_jetstream.client import protocol
+
+    here = Path.cwd() / "spark_jetstream"
+    if here.is_dir() and Path(spark_jetstream.__file__).parent.resolve() != here.resolve():
+        print(
+            f"warning: Spark's workers will import {here} (this directory's checkout), not the package this process "
+            f"imported ({Path(spark_jetstream.__file__).parent}, {protocol.BULK.name} handlers): run from another "
+            "directory to measure the installed package"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    warn_if_workers_import_another_package()
     os.environ[MASTER_ENV] = args.master  # every process of the run, spawned raw loops and fresh jobs included
     if args.processes:
         os.environ[PROCESSES_ENV] = str(args.processes)
