@@ -204,6 +204,7 @@ class _DirectReader:
             self.requested, self.received, self.pending, self.error, self.unavailable = wanted, 0, None, None, False
             self.batch_done.clear()
             await self.conn.client.publish(self.subject, json.dumps(request).encode(), reply=self.inbox)
+            sent_at = loop.time()
             while not self.batch_done.is_set():
                 heard = self.received
                 with contextlib.suppress(TimeoutError):
@@ -221,7 +222,17 @@ class _DirectReader:
                     f"{self.conn.client.silence_since(started)}: no replica of the stream answers; are its servers "
                     "up and reachable?"
                 )
-            log.info("Asking stream %s again for %s from seq %d", self.range.stream, self.range.filter, self.last + 1)
+            log.info(
+                "Asking stream %s again for %s from seq %d: %s after %.1f s through %s (%d of %d received)",
+                self.range.stream,
+                self.range.filter,
+                self.last + 1,
+                "503, no replica answers" if self.unavailable else "no reply",
+                loop.time() - sent_at,
+                self.conn.server_url,
+                self.received,
+                self.requested,
+            )
             await asyncio.sleep(0.1 if self.unavailable else 0)
             await self.close()
             await self.open()
