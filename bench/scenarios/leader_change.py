@@ -125,13 +125,11 @@ class Result:
 
 
 def start_query(spark: SparkSession, servers: str, work: Path) -> StreamingQuery:
+    source = spark.readStream.format("jetstream").options(
+        servers=servers, stream=STREAM, group=GROUP, maxMessagesPerTrigger=MAX_PER_TRIGGER
+    )
     return (
-        spark.readStream.format("jetstream")
-        .option("servers", servers)
-        .option("stream", STREAM)
-        .option("group", GROUP)
-        .option("maxMessagesPerTrigger", MAX_PER_TRIGGER)
-        .load()
+        source.load()
         .writeStream.format("parquet")
         .option("path", str(work / "out"))
         .option("checkpointLocation", str(work / "cp"))
@@ -160,6 +158,7 @@ def measure(suite: Suite, rounds: int) -> tuple[list[Result], int, int]:
     isolated = os.geteuid() == 0  # a partition needs network namespaces
     cluster = EmbeddedCluster(3, name="lead", isolated=isolated).start()
     servers = [s.url for s in cluster.servers]
+    urls = ",".join(servers)
     options = ConnectionOptions(servers=tuple(servers))
     results: list[Result] = []
     restarts = 0
@@ -171,7 +170,7 @@ def measure(suite: Suite, rounds: int) -> tuple[list[Result], int, int]:
         api.create_stream({"name": TARGET, "subjects": [f"{TARGET.lower()}.>"], "num_replicas": 3, "storage": "file"})
         publisher = Publisher(servers, RATE).start()
         spark = start_session(suite, "leader-change")
-        query = start_query(spark, ",".join(servers), work)
+        query = start_query(spark, urls, work)
         checkpoint = work / "cp"
         consumers = [f"{GROUP}-{p}" for p in range(PARTITIONS)]
         while len(commits(checkpoint)) < 3:
@@ -187,7 +186,7 @@ def measure(suite: Suite, rounds: int) -> tuple[list[Result], int, int]:
                 time.sleep(SETTLE)
                 publish_all(api.conn, ((f"{STREAM.lower()}.b{i % 211}", b"x" * 100, None) for i in range(BURST)))
             if fault.startswith("write target"):
-                results.append(write_target_fault(spark, api, cluster, servers, publisher, work, len(results)))
+                results.append(write_target_fault(spark, api, cluster, urls, publisher, work, len(results)))
                 print(f"  {fault}: {results[-1]}", flush=True)
                 continue
             time.sleep(CATCH_UP if catching_up else SETTLE)
@@ -212,7 +211,7 @@ def measure(suite: Suite, rounds: int) -> tuple[list[Result], int, int]:
                 if query.exception() is not None or not query.isActive:
                     failed = cause(str(query.exception() or "stopped"))
                     restarts += 1
-                    query = start_query(spark, ",".join(servers), work)
+                    query = start_query(spark, urls, work)
                 again = writable_again(publisher, injected)
                 newer = [t for t, seq in commits(checkpoint) if again and t > at and seq >= again[1]]
                 if again and newer and time.time() > again[0] + 1.0:  # a longer stall would have shown by now
@@ -257,33 +256,33 @@ def slow_batches(query: StreamingQuery, since: float, until: float) -> str:
 
 
 def start_write_query(spark: SparkSession, servers: str, checkpoint: Path, first_seq: int) -> StreamingQuery:
-    return (
+    rows = (
         spark.readStream.format("jetstream")
-        .option("servers", servers)
-        .option("stream", STREAM)
-        .option("startingPosition", first_seq)
-        .option("maxMessagesPerTrigger", MAX_PER_TRIGGER)
+        .options(servers=servers, stream=STREAM, startingPosition=first_seq, maxMessagesPerTrigger=MAX_PER_TRIGGER)
         .load()
-        .select("data")
-        .writeStream.format("jetstream")
-        .option("servers", servers)
-        .option("subject", f"{TARGET.lower()}.rows")
-        .option("commitBucketReplicas", 3)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime="1 second")
-        .start()
     )
+    sink = (
+        rows.select("data")
+        .writeStream.format("jetstream")
+        .options(
+            servers=servers,
+            subject=f"{TARGET.lower()}.rows",
+            commitBucketReplicas=3,
+            checkpointLocation=str(checkpoint),
+        )
+    )
+    return sink.trigger(processingTime="1 second").start()
 
 
 def write_target_fault(
-    spark: SparkSession, api: JetStreamApi, cluster: EmbeddedCluster, servers: list[str], publisher: Publisher,
-    work: Path, n: int,
+    spark: SparkSession, api: JetStreamApi, cluster: EmbeddedCluster, servers: str, publisher: Publisher, work: Path,
+    n: int,
 ) -> Result:  # fmt: skip
     """``write target, frozen``: a query writing the stream's new messages into ``TARGET`` while the target's leader
     freezes; then whether the target holds each message the query committed exactly once."""
     api.purge_stream(TARGET)
     checkpoint, first = work / f"cp-write-{n}", api.stream_info(STREAM)["state"]["last_seq"] + 1
-    query, restarts, failed = start_write_query(spark, ",".join(servers), checkpoint, first), 0, "no"
+    query, restarts, failed = start_write_query(spark, servers, checkpoint, first), 0, "no"
     deadline = time.time() + NEW_ROWS_WAIT
     while len(commits(checkpoint)) < 3 and time.time() < deadline and query.exception() is None:
         time.sleep(0.2)
@@ -295,7 +294,7 @@ def write_target_fault(
     while time.time() < at + NEW_ROWS_WAIT:
         if query.exception() is not None or not query.isActive:
             failed, restarts = cause(str(query.exception() or "stopped")), restarts + 1
-            query = start_write_query(spark, ",".join(servers), checkpoint, first)
+            query = start_write_query(spark, servers, checkpoint, first)
         if injected.elected is not None:
             newer = [t for t, _ in commits(checkpoint) if t > at + injected.elected]
             if newer:
@@ -307,7 +306,7 @@ def write_target_fault(
     gap = longest_commit_gap([t for t, _ in commits(checkpoint)], at, at + (new_rows or NEW_ROWS_WAIT))
     query.stop()
     committed, planned = commits(checkpoint)[-1][1], _planned_end(checkpoint)
-    if (wrong := _not_exactly_once(spark, ",".join(servers), first, committed, planned)) and failed == "no":
+    if (wrong := _not_exactly_once(spark, servers, first, committed, planned)) and failed == "no":
         failed = wrong
     elected, restarted = injected.elected, f" ({restarts} restarts)" if restarts else ""
     return Result("write target, frozen", injected.victim_name, injected.led, elected, elected, new_rows, gap,
@@ -326,9 +325,7 @@ def _not_exactly_once(spark: SparkSession, servers: str, first: int, committed: 
     a restart would write them again under the same msg ids); else what differs."""
 
     def payloads(**options: str | int) -> list[bytes]:
-        reader = spark.read.format("jetstream").option("servers", servers)
-        for key, value in options.items():
-            reader = reader.option(key, value)
+        reader = spark.read.format("jetstream").options(servers=servers, **options)
         return [bytes(row.data) for row in reader.load().select("data").collect()]
 
     written = payloads(stream=TARGET)
