@@ -259,21 +259,35 @@ class EmbeddedCluster:
                 server.launch()
             for server in self.servers:
                 server.wait_ready(wait)
-            self.wait_for_meta_leader(wait)
+            self.wait_for_meta_leader(wait, all_current=True)
         except BaseException:
             self.close()  # the servers, and an isolated network's namespaces
             raise
         return self
 
-    def wait_for_meta_leader(self, wait: float = 30.0) -> str:
-        """Wait until the JetStream meta group has elected a leader (API calls fail before that)."""
+    def wait_for_meta_leader(self, wait: float = 30.0, all_current: bool = False) -> str:
+        """Wait until the JetStream meta group has elected a leader (API calls fail before that); with
+        ``all_current``, one that sees every other server as a current peer (as ``start`` does: before that, placing
+        an R3 stream fails with "no suitable peers for placement, peer offline")."""
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             leader = meta_leader(self.servers)
-            if leader:
+            if leader and (not all_current or self._peers_current(leader)):
                 return leader
             time.sleep(0.1)
-        raise JetStreamError(f"JetStream cluster elected no meta leader within {wait:g}s.")
+        peers = " seeing every server current" if all_current else ""
+        raise JetStreamError(f"JetStream cluster elected no meta leader{peers} within {wait:g}s.")
+
+    def _peers_current(self, leader: str) -> bool:
+        server = next((s for s in self.servers if s.name == leader), None)
+        if server is None:
+            return True  # a leader this cluster does not know by name: nothing more to check
+        try:
+            with urllib.request.urlopen(f"{server.monitor}/jsz", timeout=1) as response:
+                replicas = json.load(response).get("meta_cluster", {}).get("replicas") or []
+        except OSError:
+            return False
+        return len(replicas) == len(self.servers) - 1 and all(r.get("current") for r in replicas)
 
     def partition(self, server: EmbeddedServer, cut: bool = True) -> None:
         """Cut ``server`` off from the other servers and every client (``cut=False``: heal it): its link goes down,
