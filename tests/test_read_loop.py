@@ -23,21 +23,26 @@ GAP = 0.0002
 
 
 @contextmanager
-def counted_reads(conn: Connection) -> Iterator[list[int]]:
-    """The sizes of the reads the connection's parser gets meanwhile."""
+def counted_reads(conn: Connection) -> Iterator[tuple[list[int], list[float]]]:
+    """The sizes of the reads the connection's parser gets meanwhile, and when the read loop paused to gather."""
     sizes: list[int] = []
-    parser = conn.client._ps
-    parse = parser.parse
+    pauses: list[float] = []
+    client = conn.client
+    parse, gather = client._ps.parse, client._gather
 
     async def counting(data: bytes = b"") -> None:
         sizes.append(len(data))
         await parse(data)
 
-    parser.parse = counting
+    async def gathering() -> None:
+        pauses.append(time.monotonic())
+        await gather()
+
+    client._ps.parse, client._gather = counting, gathering
     try:
-        yield sizes
+        yield sizes, pauses
     finally:
-        del parser.parse
+        del client._ps.parse, client._gather
 
 
 def trickle(port: int, subject: str) -> None:
@@ -52,40 +57,45 @@ def trickle(port: int, subject: str) -> None:
         sock.recv(4096)  # PONG: the server has every message
 
 
-def read_trickle(conn: Connection, port: int, owed: int | None) -> list[int]:
+def read_trickle(conn: Connection, port: int, owed: int | None) -> tuple[list[int], list[float]]:
     """The reads it took a subscription to get a trickle of messages, the subscription saying it is ``owed`` that
-    many messages (None: not a bulk read); checks they all came in order."""
+    many messages (None: not a bulk read), and the read loop's pauses meanwhile; checks they all came in order."""
     got: list[bytes] = []
     says = None if owed is None else lambda: owed
     inbox, sid = conn.run(conn.subscribe_raw(lambda _s, _r, payload, _h: got.append(payload), owed=says))
     try:
-        with counted_reads(conn) as sizes:
+        with counted_reads(conn) as (sizes, pauses):
             trickle(port, inbox)
             wait_for(lambda: len(got) == MESSAGES, 5, f"{len(got)} of {MESSAGES} messages arrived")
     finally:
         conn.run(conn.unsubscribe_raw(sid))
     assert got == [str(n).encode() for n in range(MESSAGES)]
-    return sizes
+    return sizes, pauses
 
 
 @pytest.mark.slow
 def test_a_bulk_read_owed_many_messages_takes_what_arrives_within_the_gather_wait_in_one_read(
     conn: Connection, nats_server
 ):
-    plain = read_trickle(conn, nats_server.port, owed=None)
-    gathered = read_trickle(conn, nats_server.port, owed=GATHER_OWED)
+    """The read loop pauses after short reads while owed many, and so takes several messages a read. Whether a
+    plain read takes more reads depends on the machine's load (a late loop gathers too): benchmarks measure that
+    (decision 0024); here only the pauses and the bound they set are asserted."""
+    _, unpaused = read_trickle(conn, nats_server.port, owed=None)
+    gathered, paused = read_trickle(conn, nats_server.port, owed=GATHER_OWED)
+    assert unpaused == [], "a subscription that is no bulk read made the read loop pause"
+    assert paused, "a bulk read owed many messages never made the read loop pause"
     assert len(gathered) <= MESSAGES / 2, f"{len(gathered)} reads for {MESSAGES} messages {GAP}s apart"
-    assert len(plain) > 1.5 * len(gathered), "the plain read took as few reads: the test shows nothing"
     assert not conn.client.gathering, "an unsubscribed bulk read still gathers"
 
 
 @pytest.mark.slow
 def test_a_bulk_read_owed_few_messages_is_not_held_up(conn: Connection, nats_server):
     """A short request's answer (a small Direct Get batch, small pulls) must not wait for a pause: the server has
-    little more to send meanwhile."""
-    gathered = read_trickle(conn, nats_server.port, owed=GATHER_OWED)
-    few = read_trickle(conn, nats_server.port, owed=GATHER_OWED - 1)
-    assert len(few) > 1.5 * len(gathered), f"{len(few)} reads owed few messages, {len(gathered)} owed many"
+    little more to send meanwhile. (Counting reads instead failed in CI: under load a late loop gathers anyway.)"""
+    _, paused = read_trickle(conn, nats_server.port, owed=GATHER_OWED)
+    _, few = read_trickle(conn, nats_server.port, owed=GATHER_OWED - 1)
+    assert paused, "the same trickle owed many messages never paused: the test shows nothing"
+    assert few == [], f"a read owed {GATHER_OWED - 1} messages paused {len(few)} times"
 
 
 @pytest.mark.slow
