@@ -10,7 +10,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from spark_jetstream.client.connection import Connection, ConnectionOptions, connect, disconnect
+from spark_jetstream.client.connection import (
+    DIRECT_ATTEMPT,
+    DIRECT_FIRST_REPLY,
+    Connection,
+    ConnectionOptions,
+    connect,
+    disconnect,
+)
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.errors import ConnectError
@@ -209,3 +216,21 @@ def test_a_connection_a_spark_worker_made_stops_dialing_a_server_gone_for_good(s
     assert _dialed(server.port, 5), "no worker kept a connection: the test shows nothing"
     time.sleep(2 * options.api_timeout + 5)  # its attempts: 0.5 s apart, and the one let go above
     assert not _dialed(server.port, 3), "a Spark worker's connection still dials a server gone for good"
+
+
+def test_a_direct_get_waits_a_fraction_of_an_attempt_for_its_first_reply_and_backs_off():
+    """``Connection.direct_wait``: a silent replica swallows its share of Direct Gets, so a first reply is waited for
+    briefly (four times the slowest recent one, at least ``DIRECT_FIRST_REPLY``), longer per unanswered attempt (a
+    busy server is asked less often), never past ``DIRECT_ATTEMPT``; a slow reply is forgotten gradually."""
+    conn = Connection(ConnectionOptions(servers=("nats://127.0.0.1:4222",)), None, None)  # type: ignore[arg-type]
+    assert [conn.direct_wait(n) for n in range(4)] == [DIRECT_FIRST_REPLY, 0.5, DIRECT_ATTEMPT, DIRECT_ATTEMPT]
+    conn.replied(0.002)
+    assert conn.direct_wait(0) == DIRECT_FIRST_REPLY
+    conn.replied(0.1)
+    assert conn.direct_wait(0) == pytest.approx(0.4) and conn.direct_wait(1) == pytest.approx(0.8)
+    assert conn.direct_wait(2) == DIRECT_ATTEMPT
+    conn.replied(0.01)
+    assert conn.direct_wait(0) == pytest.approx(4 * 0.08)
+    for _ in range(20):
+        conn.replied(0.001)
+    assert conn.direct_wait(0) == DIRECT_FIRST_REPLY

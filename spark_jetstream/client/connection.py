@@ -29,6 +29,7 @@ __all__ = [
     "ATTEMPT_TIMEOUT",
     "CLUSTER_BUSY_CODES",
     "DIRECT_ATTEMPT",
+    "DIRECT_FIRST_REPLY",
     "DISCONNECTED",
     "JETSTREAM_ABSENT",
     "JETSTREAM_ELECTING",
@@ -49,6 +50,10 @@ DIRECT_ATTEMPT = 1.0
 """Seconds a Direct Get waits for its next reply before it is sent again: a replica answers within milliseconds,
 and one routed to a silent replica (frozen, or cut off: the other servers route to it for minutes) is lost, a
 third of them on an R3 stream with its leader frozen (measured)."""
+DIRECT_FIRST_REPLY = 0.25
+"""The least a Direct Get waits for its first reply before asking again (``Connection.direct_wait``): the replicas
+share Direct Gets at random, a silent one swallowing its share of every reader's requests for as long as its
+routes stay up (decision 0026), so each lost one must cost little."""
 
 JETSTREAM_UP = "up"
 JETSTREAM_ELECTING = "electing"
@@ -104,6 +109,7 @@ class Connection:
         self.options = options
         self.client = client
         self.runner = runner
+        self.reply_time = 0.0  # the slowest recent first reply to a Direct Get, decaying (``direct_wait``)
 
     def __repr__(self) -> str:
         return f"Connection(server={self.server_url!r}, auth={self.options.describe_auth()})"
@@ -126,6 +132,16 @@ class Connection:
         has it; ``fix``: what else the user can do (", or ...")."""
         found, shown = server_version(self.client)
         require(found, shown, server_address(self.client, self.options), feature, fix)
+
+    def direct_wait(self, unanswered: int) -> float:
+        """Seconds a Direct Get waits for its first reply after ``unanswered`` attempts of it got none: four times
+        the slowest recent first reply and at least ``DIRECT_FIRST_REPLY``, doubled per unanswered attempt (a busy
+        server is asked less often, not given up on), at most ``DIRECT_ATTEMPT``."""
+        return min(DIRECT_ATTEMPT, max(DIRECT_FIRST_REPLY, 4 * self.reply_time) * 2**unanswered)
+
+    def replied(self, seconds: float) -> None:
+        """A Direct Get's first reply came ``seconds`` after its request (``direct_wait``)."""
+        self.reply_time = max(seconds, 0.8 * self.reply_time)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

@@ -141,16 +141,17 @@ async def direct_gets_async(api: JetStreamApi, stream: str, request: dict[str, A
     """Every message one Direct Get request answers (one without ``batch``/``multi_last``, else up to the end of the
     batch).
 
-    Asked again on a new inbox after ``DIRECT_ATTEMPT`` s without a reply, until the API timeout: any replica may
-    answer, and a request routed to a silent one (frozen, or cut off: the other servers keep routing to it for
-    minutes) is lost (late replies to an earlier attempt are ignored)."""
+    Asked again on a new inbox when no reply came within ``conn.direct_wait`` (or the next one within
+    ``DIRECT_ATTEMPT``), until the API timeout: any replica may answer, and a request routed to a silent one
+    (frozen, or cut off: the other servers keep routing to it for minutes) is lost (late replies to an earlier
+    attempt are ignored)."""
     conn = api.conn
     started = time.monotonic()
     deadline = started + conn.api_timeout
     attempts = 0
     while True:
+        found = await _direct_gets_once(api, stream, request, conn.direct_wait(attempts))
         attempts += 1
-        found = await _direct_gets_once(api, stream, request)
         if found is not None:
             return found
         if (refused := conn.client.refused(f"{api.prefix}.DIRECT.GET.{stream}", started)) is not None:
@@ -163,22 +164,28 @@ async def direct_gets_async(api: JetStreamApi, stream: str, request: dict[str, A
             )
 
 
-async def _direct_gets_once(api: JetStreamApi, stream: str, request: dict[str, Any]) -> list[DirectMessage] | None:
-    """One attempt of ``direct_gets_async``: None when a reply stopped coming for ``DIRECT_ATTEMPT`` s."""
+async def _direct_gets_once(
+    api: JetStreamApi, stream: str, request: dict[str, Any], first_wait: float
+) -> list[DirectMessage] | None:
+    """One attempt of ``direct_gets_async``: None when the first reply did not come within ``first_wait`` s, or a
+    later one within ``DIRECT_ATTEMPT``."""
     subject = f"{api.prefix}.DIRECT.GET.{stream}"
     inbox = api.conn.client.new_inbox()
     sub = await api.conn.client.subscribe(inbox)
     batched = "batch" in request or "multi_last" in request
     try:
         await api.conn.client.publish(subject, json.dumps(request).encode(), reply=inbox)
+        sent = time.monotonic()
         found: list[DirectMessage] = []
         while True:
             try:
-                msg = await sub.next_msg(timeout=DIRECT_ATTEMPT)
+                msg = await sub.next_msg(timeout=DIRECT_ATTEMPT if found else first_wait)
             except ConnectionClosedError:
                 raise ConnectError(f"The connection to {api.conn.server_url} is closed.") from None
             except NatsTimeoutError:
                 return None
+            if not found:
+                api.conn.replied(time.monotonic() - sent)
             headers = msg.headers or {}
             status = headers.get("Status")
             if status == "404" or status == "204":

@@ -145,6 +145,7 @@ class _DirectReader:
         self.pending: int | None = None  # matching messages after the last one, as the replica saw it
         self.error: str | None = None
         self.unavailable = False  # the last request got 503: nobody answers Direct Get right now
+        self.answered_at: float | None = None  # when the current request's first reply came (loop time)
         self.done = False
 
     async def open(self) -> None:
@@ -187,12 +188,14 @@ class _DirectReader:
 
         A request sent into a connection that then dropped (its server died), or routed to a silent replica
         (frozen, cut off), is never answered, and while a stream has no responding replica the server answers 503:
-        after ``DIRECT_ATTEMPT`` without a message, or on a 503, the rest is asked for again on a new inbox (late
-        replies to the old request are ignored), until ``api_timeout`` passes without progress.
+        without a first reply within ``conn.direct_wait`` (a fraction of a second) or a next one within
+        ``DIRECT_ATTEMPT``, or on a 503, the rest is asked for again on a new inbox (late replies to the old request
+        are ignored), until ``api_timeout`` passes without progress.
         """
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         deadline = loop.time() + self.conn.api_timeout
+        unanswered = 0  # attempts in a row that got no reply at all
         while True:
             wanted = min(self.range.direct_batch, self.range.end - self.last)
             request = {
@@ -202,19 +205,25 @@ class _DirectReader:
                 "max_bytes": self.range.direct_max_bytes,  # the server always sends the first message, however large
             }
             self.requested, self.received, self.pending, self.error, self.unavailable = wanted, 0, None, None, False
+            self.answered_at = None
             self.batch_done.clear()
             await self.conn.client.publish(self.subject, json.dumps(request).encode(), reply=self.inbox)
-            sent_at = loop.time()
+            sent_at = time.monotonic()
+            wait = self.conn.direct_wait(unanswered)
             while not self.batch_done.is_set():
                 heard = self.received
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.batch_done.wait(), DIRECT_ATTEMPT)
+                    await asyncio.wait_for(self.batch_done.wait(), wait)
                 if self.received > heard:
                     deadline = loop.time() + self.conn.api_timeout  # messages flow: not stuck
+                    wait = DIRECT_ATTEMPT
                 elif not self.batch_done.is_set():
                     break  # nothing for a whole attempt: ask again
+            if self.answered_at is not None:
+                self.conn.replied(self.answered_at - sent_at)
             if self.batch_done.is_set() and not self.unavailable:
                 break
+            unanswered = 0 if self.answered_at is not None else unanswered + 1
             if loop.time() >= deadline:
                 raise ClusterUnavailableError(
                     f"Direct Get on stream {self.range.stream!r} got no answer within {self.conn.api_timeout:g}s "
@@ -223,12 +232,12 @@ class _DirectReader:
                     "up and reachable?"
                 )
             log.info(
-                "Asking stream %s again for %s from seq %d: %s after %.1f s through %s (%d of %d received)",
+                "Asking stream %s again for %s from seq %d: %s %.2f s through %s (%d of %d received)",
                 self.range.stream,
                 self.range.filter,
                 self.last + 1,
-                "503, no replica answers" if self.unavailable else "no reply",
-                loop.time() - sent_at,
+                "503, no replica answers after" if self.unavailable else "no reply within",
+                time.monotonic() - sent_at if self.unavailable else wait,
                 self.conn.server_url,
                 self.received,
                 self.requested,
@@ -251,6 +260,8 @@ class _DirectReader:
         """Raw handler of the Direct Get inbox (loop thread, once per message: keep it lean)."""
         if headers is None:
             return
+        if self.answered_at is None:
+            self.answered_at = time.monotonic()
         if headers.startswith(STATUS_PREFIX):
             code = headers[len(STATUS_PREFIX) : len(STATUS_PREFIX) + 3]
             if code == b"503":  # no replica answers right now (an election, servers restarting)
@@ -282,6 +293,8 @@ class _DirectReader:
         """A run of replies (seqs ascending) into the rows, whichever path parsed it (loop thread): seqs already
         read are skipped, and one past the range ends it (this filter has nothing more in it). ``pending``: the
         last reply's count of matching messages after it."""
+        if self.answered_at is None:
+            self.answered_at = time.monotonic()
         if self.done:
             return
         first, stop = bisect.bisect_right(seqs, self.last), bisect.bisect_right(seqs, self.range.end)
