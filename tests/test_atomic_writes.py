@@ -209,7 +209,7 @@ def rows_of(api: JetStreamApi, name: str) -> list[bytes]:
 
 
 def test_a_query_killed_mid_batch_and_replayed_after_the_duplicate_window_stores_each_row_once(
-    nats_server, api, make_stream, tmp_path
+    spark, nats_server, api, make_stream, tmp_path
 ):
     """The case the msg ids cannot cover (``test_sink``: it repeats what the killed attempt stored): with
     progress markers the replay, 1.5 s after a kill mid-batch on a stream with a 1 s duplicate window, continues
@@ -223,7 +223,7 @@ def test_a_query_killed_mid_batch_and_replayed_after_the_duplicate_window_stores
         kill_mid_batch(args, api, out, checkpoint)
         assert len(checkpoint_log(checkpoint, "commits")) < len(checkpoint_log(checkpoint, "offsets"))
         time.sleep(1.5)
-        finish_job(args)
+        finish_job(spark, args)
         assert rows_of(api, out) == source_data(source)
         subjects = {subject for _, subject, _, _ in stored(api, out) if not subject.startswith("aout1.")}
         assert subjects and is_marker(pa.array(sorted(subjects))).to_pylist() == [True] * len(subjects)

@@ -1,17 +1,17 @@
 """A streaming job's driver SIGKILLed mid-batch and restarted on its checkpoint: every message once in the
 output, and every member consumer's ack floor at the last seq.
 
-The job runs as a process of its own (``tests/jobs/stream_to_parquet.py``) so the kill takes its whole driver."""
+The job runs as a process of its own (``tests/jobs/stream_to_parquet.py``) so the kill takes its whole driver; the
+restart runs in the test's session."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from chispa import assert_df_equality
-from helpers import ack_floors, checkpoint_log, expected_rows, mid_batch, run_then_kill
+from helpers import ack_floors, checkpoint_log, expected_rows, finish_job, mid_batch, run_then_kill
 
 pytestmark = pytest.mark.slow
 
@@ -56,8 +56,7 @@ def test_driver_killed_mid_batch_restarts_exactly_once(
     run_then_kill([*args, "--max-per-trigger", "1000", "--slow-ms", "2"], ready, 180)
     assert len(checkpoint_log(checkpoint, "commits")) < len(checkpoint_log(checkpoint, "offsets"))
 
-    finish = subprocess.run([*args, "--available-now"], capture_output=True, text=True, timeout=300)
-    assert finish.returncode == 0, finish.stderr[-3000:]
+    finish_job(spark, args)
     output = spark.read.parquet(str(out)).select("subject", "data", "seq", "partition")
     assert_df_equality(output, expected_rows(spark, stream), ignore_row_order=True, ignore_nullable=True)
     floors = ack_floors(api, stream, group)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import checkpoint_log, child_alive, query_not_failed, slow_parquet_query, wait_for
+from helpers import checkpoint_log, child_alive, finish_job, query_not_failed, slow_parquet_query, wait_for
 
 from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
@@ -125,8 +125,7 @@ def test_driver_killed_at_each_point_of_the_batch_cycle_restarts_exactly(
         os.killpg(child.pid, signal.SIGKILL)
         child.wait()
 
-    finish = subprocess.run([*args, "--available-now"], capture_output=True, text=True, timeout=300)
-    assert finish.returncode == 0, finish.stderr[-3000:]
+    finish_job(spark, args)
     rows = [(subject, payload, seq, part) for seq, (subject, payload, _, part) in stream.messages.items()]
     expected = spark.createDataFrame(rows, "subject string, data binary, seq long, partition int")
     output = spark.read.parquet(str(out)).select("subject", "data", "seq", "partition")

@@ -153,11 +153,10 @@ def test_a_bucket_s_changes_filtered_by_key(spark, nats_server, bucket, tmp_path
 
 def test_a_bucket_s_changes_stream_exactly_once_across_a_driver_kill(spark, nats_server, api, bucket, tmp_path):
     """The driver SIGKILLed mid-batch and the query restarted on its checkpoint: every change once."""
-    import subprocess
     import sys
     from pathlib import Path
 
-    from helpers import checkpoint_log, mid_batch, run_then_kill
+    from helpers import checkpoint_log, finish_job, mid_batch, run_then_kill
 
     name = bucket("killed")
     ops = [("put", f"key.{i}", b"%d" % i) for i in range(3000)] + [("delete", f"key.{i}", None) for i in range(0, 30)]
@@ -173,8 +172,7 @@ def test_a_bucket_s_changes_stream_exactly_once_across_a_driver_kill(spark, nats
             "--checkpoint", str(checkpoint)]  # fmt: skip
     run_then_kill([*args, "--max-per-trigger", "500", "--slow-ms", "2"], lambda: mid_batch(checkpoint), 180)
     assert len(checkpoint_log(checkpoint, "commits")) < len(checkpoint_log(checkpoint, "offsets"))
-    finish = subprocess.run([*args, "--available-now"], capture_output=True, text=True, timeout=300)
-    assert finish.returncode == 0, finish.stderr[-3000:]
+    finish_job(spark, args)
     rows = sorted((r.revision, r.key, r.operation) for r in spark.read.parquet(str(out)).collect())
     # keys 0-29 were put, then deleted: with one revision per key their puts were gone before any read
     expected = sorted(

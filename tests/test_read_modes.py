@@ -5,14 +5,13 @@ the fix, and a stream without a partition transform is read by as many tasks as 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from helpers import checkpoint_log, error_text, reader, run_then_kill, start_and_expect
+from helpers import checkpoint_log, error_text, finish_job, reader, run_then_kill, start_and_expect
 
 from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
@@ -161,8 +160,7 @@ def test_min_partitions_cuts_every_micro_batch_and_a_replay_after_a_crash_alike(
         run_then_kill([*args, "--hang-on-batch", "1"], lambda: (splits / "hanging").exists(), 240)
         assert 1 in checkpoint_log(checkpoint, "offsets") and 1 not in checkpoint_log(checkpoint, "commits")
 
-        finish = subprocess.run([*args, "--available-now"], capture_output=True, text=True, timeout=300)
-        assert finish.returncode == 0, finish.stderr[-3000:]
+        finish_job(spark, args)
         recorded = _splits(splits)
         assert sorted(recorded) == [0, 1, 2] and len(recorded[1]) == 2
         assert recorded[1][0] == recorded[1][1]  # the replay was cut exactly as the batch the crash interrupted

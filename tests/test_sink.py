@@ -260,7 +260,7 @@ def test_a_query_killed_mid_batch_and_restarted_stores_each_row_once(
     kill_mid_batch(args, api, out, checkpoint)
     assert len(checkpoint_log(checkpoint, "commits")) < len(checkpoint_log(checkpoint, "offsets"))
 
-    finish_job(args)
+    finish_job(spark, args)
     messages = stored(api, out)
     assert len(messages) == 6000
     assert len(set(msg_ids(messages))) == 6000
@@ -274,7 +274,7 @@ def test_a_committed_batch_replayed_after_the_duplicate_window_is_skipped_whole(
     out = streams("Out2", duplicate_window=1.0)
     checkpoint = tmp_path / "cp"
     args = sink_job(nats_server.url, source, out, checkpoint)
-    finish_job(args)
+    finish_job(spark, args)
     assert len(stored(api, out)) == 3000
     # Crash between the sink's commit and Spark's commit log: the last batch is replayed on restart.
     last = max(checkpoint_log(checkpoint, "commits"))
@@ -283,7 +283,7 @@ def test_a_committed_batch_replayed_after_the_duplicate_window_is_skipped_whole(
     assert read_marker(conn, BUCKET, query_id_of(checkpoint)) == last
     time.sleep(1.5)  # past the duplicate window: msg ids no longer protect the replay
 
-    finish_job(args)
+    finish_job(spark, args)
     assert checkpoint_log(checkpoint, "commits").keys() == checkpoint_log(checkpoint, "offsets").keys()
     messages = stored(api, out)
     assert len(messages) == 3000
@@ -310,7 +310,7 @@ def test_after_the_duplicate_window_an_uncommitted_batch_repeats_what_it_had_pub
     repeated = set() if committed else {i for i in before if i.startswith(f"{query}:{batch}:")}
     time.sleep(1.5)
 
-    finish_job(args)
+    finish_job(spark, args)
     after = Counter(msg_ids(stored(api, out)))
     assert len(after) == 6000  # nothing lost
     assert sum(after.values()) == 6000 + len(repeated)

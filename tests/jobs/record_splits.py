@@ -18,12 +18,12 @@ import time
 import uuid
 from pathlib import Path
 
-from local_spark import local_session
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 
-def main() -> None:
+def main(argv: list[str] | None = None, session: SparkSession | None = None) -> None:
+    """Run the job; in ``session`` if given (left running), else in a session of its own."""
     parser = argparse.ArgumentParser()
     for name in ("servers", "stream", "group", "out", "checkpoint", "splits"):
         parser.add_argument(f"--{name}", required=True)
@@ -31,11 +31,14 @@ def main() -> None:
     parser.add_argument("--max-per-trigger", type=int, default=4000)
     parser.add_argument("--hang-on-batch", type=int)
     parser.add_argument("--available-now", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     splits = Path(args.splits)
     splits.mkdir(parents=True, exist_ok=True)
 
-    spark = local_session()
+    if session is None:
+        from local_spark import local_session
+
+    spark = session or local_session()
     rows = (
         spark.readStream.format("jetstream")
         .option("servers", args.servers)
@@ -59,7 +62,8 @@ def main() -> None:
     writer = rows.writeStream.foreachBatch(record).option("checkpointLocation", args.checkpoint)
     writer = writer.trigger(availableNow=True) if args.available_now else writer.trigger(processingTime="0 seconds")
     writer.start().awaitTermination()
-    spark.stop()
+    if session is None:
+        spark.stop()
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType
 
 
-def main() -> None:
+def main(argv: list[str] | None = None, session: SparkSession | None = None) -> None:
+    """Run the job; in ``session`` if given (left running: the small batches are for kills, not needed there),
+    else in a session of its own."""
     parser = argparse.ArgumentParser()
     for name in ("servers", "stream", "group", "target", "checkpoint"):
         parser.add_argument(f"--{name}", required=True)
@@ -27,9 +29,9 @@ def main() -> None:
     parser.add_argument("--slow-ms", type=float, default=0.0, help="sleep per row, to make batches slow")
     parser.add_argument("--progress-subject", default=None, help="the writer's progressSubject")
     parser.add_argument("--atomic-batch-size", type=int, default=1000)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
-    spark = (
+    spark = session or (
         SparkSession.builder.master("local[2]")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
@@ -37,7 +39,8 @@ def main() -> None:
         .config("spark.buffer.size", "256")  # Python workers pass small outputs on at once
         .getOrCreate()
     )
-    spark.sparkContext.setLogLevel("ERROR")
+    if session is None:
+        spark.sparkContext.setLogLevel("ERROR")
     delay = args.slow_ms / 1000
 
     @F.udf(BinaryType())
@@ -67,7 +70,8 @@ def main() -> None:
         writer = writer.option("atomicBatchSize", args.atomic_batch_size)
     writer = writer.trigger(availableNow=True) if args.available_now else writer.trigger(processingTime="0 seconds")
     writer.start().awaitTermination()
-    spark.stop()
+    if session is None:
+        spark.stop()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""A streaming job run as its own process, so tests can SIGKILL the whole driver mid-batch.
+"""A streaming job run as its own process, so tests can SIGKILL the whole driver mid-batch (the restart after it
+runs in the test's own session: ``helpers.finish_job``).
 
 python tests/jobs/stream_to_parquet.py --servers URL --stream S --group G --out DIR --checkpoint DIR
 python tests/jobs/stream_to_parquet.py --servers URL --bucket B --out DIR --checkpoint DIR  (a KV bucket's changes)
@@ -9,12 +10,13 @@ from __future__ import annotations
 import argparse
 import time
 
-from local_spark import local_session
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType
 
 
-def main() -> None:
+def main(argv: list[str] | None = None, session: SparkSession | None = None) -> None:
+    """Run the job; in ``session`` if given (left running), else in a session of its own."""
     parser = argparse.ArgumentParser()
     for name in ("servers", "out", "checkpoint"):
         parser.add_argument(f"--{name}", required=True)
@@ -26,9 +28,12 @@ def main() -> None:
     parser.add_argument("--ack-policy", default="explicit", help="the source's ackPolicy option")
     parser.add_argument("--members", help="the source's members option (a group derived from the partitions)")
     parser.add_argument("--read-mode", default="auto", help="the source's readMode option")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
-    spark = local_session()
+    if session is None:
+        from local_spark import local_session
+
+    spark = session or local_session()
     delay = args.slow_ms / 1000
 
     @F.udf(LongType())
@@ -52,7 +57,8 @@ def main() -> None:
     writer = rows.writeStream.format("parquet").option("path", args.out).option("checkpointLocation", args.checkpoint)
     writer = writer.trigger(availableNow=True) if args.available_now else writer.trigger(processingTime="0 seconds")
     writer.start().awaitTermination()
-    spark.stop()
+    if session is None:
+        spark.stop()
 
 
 if __name__ == "__main__":
