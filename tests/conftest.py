@@ -8,8 +8,13 @@ by checking that no server this run started is still alive. Helpers that test mo
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import itertools
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -27,6 +32,64 @@ JIT = "-XX:TieredStopAtLevel=1"
 C1 only: their runs are short, and C2's compiler threads took a third of a cold Spark process's CPU (measured:
 11.8-13.6 -> 7.7-9.5 CPU seconds), CPU the other test process needs. It changes speed, not behaviour."""
 os.environ.setdefault("JAVA_TOOL_OPTIONS", JIT)
+
+CLASS_ARCHIVES = Path(os.environ.get("SPARK_JETSTREAM_CDS", Path.home() / ".cache" / "spark-jetstream" / "cds"))
+"""Where ``class_archive`` keeps its archives, between runs."""
+QUIET_CDS = "-Xlog:cds=off,cds+dynamic=off"
+"""A JVM whose classpath is not the archive's (an older PySpark's) runs without it: no warning in its output."""
+_archive_failed: list[str] = []
+
+
+def class_archive() -> Path | None:
+    """Spark's classes as the suite's JVMs load them, archived for this PySpark and JDK (AppCDS, made once by
+    ``jobs/class_archive.py``): a cold Spark process then takes 10-12 CPU seconds instead of 17-22 (measured
+    2026-11-28). None while another test process makes it, or if making it failed."""
+    import pyspark
+
+    java = Path(os.environ["JAVA_HOME"], "bin", "java") if "JAVA_HOME" in os.environ else shutil.which("java")
+    if java is None or _archive_failed:
+        return None
+    java = Path(java).resolve()
+    jdk = hashlib.sha1(f"{java}:{java.stat().st_size}:{java.stat().st_mtime_ns}".encode()).hexdigest()[:12]
+    archive = CLASS_ARCHIVES / f"pyspark-{pyspark.__version__}-jdk-{jdk}.jsa"
+    if archive.exists():
+        return archive
+    CLASS_ARCHIVES.mkdir(parents=True, exist_ok=True)
+    with open(CLASS_ARCHIVES / ".lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None
+        if archive.exists():
+            return archive
+        partial = archive.with_name(f".{archive.name}.{os.getpid()}")
+        scratch = CLASS_ARCHIVES / f".scratch.{os.getpid()}"
+        job = Path(__file__).parent / "jobs" / "class_archive.py"
+        options = f"{JIT} -XX:ArchiveClassesAtExit={partial} {QUIET_CDS}"
+        done = subprocess.run([sys.executable, str(job), str(scratch)], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "JAVA_TOOL_OPTIONS": options})  # fmt: skip
+        shutil.rmtree(scratch, ignore_errors=True)
+        if done.returncode != 0 or not partial.exists():
+            _archive_failed.append(done.stderr[-2000:])
+            partial.unlink(missing_ok=True)
+            return None
+        partial.replace(archive)
+    return archive
+
+
+def use_class_archive() -> None:
+    """Start the JVMs of this test process from here on with ``class_archive`` (only under the suite's own
+    ``JAVA_TOOL_OPTIONS``: one a developer set is left alone)."""
+    if os.environ.get("JAVA_TOOL_OPTIONS") == JIT and (archive := class_archive()) is not None:
+        os.environ["JAVA_TOOL_OPTIONS"] = f"{JIT} -XX:SharedArchiveFile={archive} {QUIET_CDS}"
+
+
+@pytest.fixture(autouse=True)
+def _class_archive(request: pytest.FixtureRequest) -> None:
+    """A slow test's JVMs start from the class archive once it exists (the session's JVM: the ``spark`` fixture)."""
+    if request.node.get_closest_marker("slow") is not None:
+        use_class_archive()
+
 
 BULK_PARSERS = [protocol.PURE, *filter(None, [protocol.compiled_parsers()[0]])]
 """The implementations of the bulk handlers here: the pure-Python ones, and the compiled ones where they were built."""
@@ -213,6 +276,7 @@ def spark():
     """A local Spark session with 2 cores; a failed task is tried once more (``local[2,2]``)."""
     from pyspark.sql import SparkSession
 
+    use_class_archive()
     session = (
         SparkSession.builder.master("local[2,2]")
         .appName("spark-jetstream-tests")
