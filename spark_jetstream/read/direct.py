@@ -260,9 +260,9 @@ class _DirectReader:
         """Raw handler of the Direct Get inbox (loop thread, once per message: keep it lean)."""
         if headers is None:
             return
-        if self.answered_at is None:
-            self.answered_at = time.monotonic()
-        if headers.startswith(STATUS_PREFIX):
+        if headers.startswith(STATUS_PREFIX):  # a reply too (messages are stamped by ``_keep``)
+            if self.answered_at is None:
+                self.answered_at = time.monotonic()
             code = headers[len(STATUS_PREFIX) : len(STATUS_PREFIX) + 3]
             if code == b"503":  # no replica answers right now (an election, servers restarting)
                 self.unavailable = True
