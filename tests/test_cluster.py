@@ -60,16 +60,22 @@ def test_consumer_leader_change_mid_read_loses_and_doubles_nothing(cluster_api):
     assert seqs == list(range(published.first_seq, published.last_seq + 1))
 
 
+def leader_and_follower(cluster, api, stream: str):
+    """The servers of ``stream``'s leader (once it has one) and of one of its followers."""
+    leader = wait_for(lambda: api.stream_info(stream)["cluster"].get("leader"), 30, "the stream's leader")
+    return (
+        next(server for server in cluster.servers if server.name == leader),
+        next(server for server in cluster.servers if server.name != leader),
+    )
+
+
 def test_publishes_a_frozen_stream_leader_swallowed_are_sent_again_and_stored_once(nats_cluster, cluster_api):
     """The stream's leader freezes mid-write (SIGSTOP: no connection closes) while the writer's own server is well:
     what was routed to the frozen leader gets no PubAck; sent again with its msg ids, the new leader stores it, each
     message once, before the frozen server thaws (decision 0026)."""
     api = cluster_api
     api.create_stream({"name": "FW", "subjects": ["fw.>"], "num_replicas": 3, "storage": "file", "allow_direct": True})
-    wait_for(lambda: api.stream_info("FW")["cluster"].get("leader"), 30, "the stream's leader")
-    leader = api.stream_info("FW")["cluster"]["leader"]
-    frozen = next(server for server in nats_cluster.servers if server.name == leader)
-    follower = next(server for server in nats_cluster.servers if server.name != leader)
+    frozen, follower = leader_and_follower(nats_cluster, api, "FW")
     options = ConnectionOptions(servers=(follower.url,))
     conn = connect(options)
     count, before = 600, 200
@@ -126,10 +132,7 @@ def test_direct_gets_a_frozen_replica_swallows_are_asked_again_within_a_fraction
     and reads the range exactly."""
     api = cluster_api
     api.create_stream({"name": "FD", "subjects": ["fd.>"], "num_replicas": 3, "allow_direct": True})
-    wait_for(lambda: api.stream_info("FD")["cluster"].get("leader"), 30, "the stream's leader")
-    leader = api.stream_info("FD")["cluster"]["leader"]
-    frozen = next(server for server in nats_cluster.servers if server.name == leader)
-    follower = next(server for server in nats_cluster.servers if server.name != leader)
+    frozen, follower = leader_and_follower(nats_cluster, api, "FD")
     options = ConnectionOptions(servers=(follower.url,))
     conn = connect(options)
     try:
