@@ -498,7 +498,7 @@ def finish_job(spark, args: list[str]) -> None:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         sys.modules[name] = module
-    module.main([*argv, "--available-now"], spark)
+    module.main(spark, [*argv, "--available-now"])
 
 
 def query_id_of(checkpoint: Path) -> str:

@@ -22,8 +22,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 
-def main(argv: list[str] | None = None, session: SparkSession | None = None) -> None:
-    """Run the job; in ``session`` if given (left running), else in a session of its own."""
+def main(spark: SparkSession, argv: list[str] | None = None) -> None:
+    """Run the job in ``spark`` (a script's own session, or the test's: ``helpers.finish_job``)."""
     parser = argparse.ArgumentParser()
     for name in ("servers", "stream", "group", "out", "checkpoint", "splits"):
         parser.add_argument(f"--{name}", required=True)
@@ -35,10 +35,6 @@ def main(argv: list[str] | None = None, session: SparkSession | None = None) -> 
     splits = Path(args.splits)
     splits.mkdir(parents=True, exist_ok=True)
 
-    if session is None:
-        from local_spark import local_session
-
-    spark = session or local_session()
     rows = (
         spark.readStream.format("jetstream")
         .option("servers", args.servers)
@@ -62,9 +58,11 @@ def main(argv: list[str] | None = None, session: SparkSession | None = None) -> 
     writer = rows.writeStream.foreachBatch(record).option("checkpointLocation", args.checkpoint)
     writer = writer.trigger(availableNow=True) if args.available_now else writer.trigger(processingTime="0 seconds")
     writer.start().awaitTermination()
-    if session is None:
-        spark.stop()
 
 
 if __name__ == "__main__":
-    main()
+    from local_spark import local_session
+
+    session = local_session()
+    main(session)
+    session.stop()

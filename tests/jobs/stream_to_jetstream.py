@@ -18,9 +18,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType
 
 
-def main(argv: list[str] | None = None, session: SparkSession | None = None) -> None:
-    """Run the job; in ``session`` if given (left running: the small batches are for kills, not needed there),
-    else in a session of its own."""
+def main(spark: SparkSession, argv: list[str] | None = None) -> None:
+    """Run the job in ``spark`` (the script's own session, or the test's: ``helpers.finish_job``)."""
     parser = argparse.ArgumentParser()
     for name in ("servers", "stream", "group", "target", "checkpoint"):
         parser.add_argument(f"--{name}", required=True)
@@ -31,16 +30,6 @@ def main(argv: list[str] | None = None, session: SparkSession | None = None) -> 
     parser.add_argument("--atomic-batch-size", type=int, default=1000)
     args = parser.parse_args(argv)
 
-    spark = session or (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "20")
-        .config("spark.buffer.size", "256")  # Python workers pass small outputs on at once
-        .getOrCreate()
-    )
-    if session is None:
-        spark.sparkContext.setLogLevel("ERROR")
     delay = args.slow_ms / 1000
 
     @F.udf(BinaryType())
@@ -70,9 +59,12 @@ def main(argv: list[str] | None = None, session: SparkSession | None = None) -> 
         writer = writer.option("atomicBatchSize", args.atomic_batch_size)
     writer = writer.trigger(availableNow=True) if args.available_now else writer.trigger(processingTime="0 seconds")
     writer.start().awaitTermination()
-    if session is None:
-        spark.stop()
 
 
 if __name__ == "__main__":
-    main()
+    from local_spark import local_session
+
+    # Small Arrow batches, and Python workers that pass small outputs on at once: kills find batches partly published.
+    session = local_session(**{"spark.sql.execution.arrow.maxRecordsPerBatch": "20", "spark.buffer.size": "256"})
+    main(session)
+    session.stop()

@@ -15,8 +15,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType
 
 
-def main(argv: list[str] | None = None, session: SparkSession | None = None) -> None:
-    """Run the job; in ``session`` if given (left running), else in a session of its own."""
+def main(spark: SparkSession, argv: list[str] | None = None) -> None:
+    """Run the job in ``spark`` (a script's own session, or the test's: ``helpers.finish_job``)."""
     parser = argparse.ArgumentParser()
     for name in ("servers", "out", "checkpoint"):
         parser.add_argument(f"--{name}", required=True)
@@ -30,10 +30,6 @@ def main(argv: list[str] | None = None, session: SparkSession | None = None) -> 
     parser.add_argument("--read-mode", default="auto", help="the source's readMode option")
     args = parser.parse_args(argv)
 
-    if session is None:
-        from local_spark import local_session
-
-    spark = session or local_session()
     delay = args.slow_ms / 1000
 
     @F.udf(LongType())
@@ -57,9 +53,11 @@ def main(argv: list[str] | None = None, session: SparkSession | None = None) -> 
     writer = rows.writeStream.format("parquet").option("path", args.out).option("checkpointLocation", args.checkpoint)
     writer = writer.trigger(availableNow=True) if args.available_now else writer.trigger(processingTime="0 seconds")
     writer.start().awaitTermination()
-    if session is None:
-        spark.stop()
 
 
 if __name__ == "__main__":
-    main()
+    from local_spark import local_session
+
+    session = local_session()
+    main(session)
+    session.stop()
