@@ -6,6 +6,7 @@ import json
 import subprocess
 
 import pytest
+from helpers import wait_for
 from pyspark.sql import DataFrame
 
 from spark_jetstream.client.publish import publish_all
@@ -94,7 +95,13 @@ def test_elastic_membership_changes_between_batches_lose_and_double_nothing(spar
         query.awaitTermination(180)
         assert sorted(seen) == sorted(published)  # every message exactly once
         assert consumers_per_batch[:4] == [{"m1", "m2"}, {"m1", "m2", "m3", "m4"}, {"m1"}, {"m1", "m5", "m6"}]
-        assert api.stream_info(work)["state"]["messages"] == 0  # committed data left the work queue
+
+        # committed data left the work queue: its purges may still be at work when the query has ended (1 of 4 suite
+        # runs under load left 340 of the last batch's messages for the assertion to see)
+        def left() -> int:
+            return api.stream_info(work)["state"]["messages"]
+
+        wait_for(lambda: left() == 0, 30, lambda: f"the work queue to drain: {left()} messages left")
         assert {row.member: row.lag for row in status(api, "Orders", "eg")} == {"m1": 0, "m5": 0, "m6": 0}
     finally:
         delete_group(api, "Orders", "eg")
