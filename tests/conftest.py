@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.util
 import itertools
 import os
 import shutil
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import PartitionedStream, add_messages
+from helpers import CACHE, PartitionedStream, add_messages, spark_home
 
 from spark_jetstream.client import protocol
 from spark_jetstream.client.connection import Connection, ConnectionOptions, close_all, connect, disconnect
@@ -33,7 +34,11 @@ C1 only: their runs are short, and C2's compiler threads took a third of a cold 
 11.8-13.6 -> 7.7-9.5 CPU seconds), CPU the other test process needs. It changes speed, not behaviour."""
 os.environ.setdefault("JAVA_TOOL_OPTIONS", JIT)
 
-CLASS_ARCHIVES = Path(os.environ.get("SPARK_JETSTREAM_CDS", Path.home() / ".cache" / "spark-jetstream" / "cds"))
+
+if "SPARK_HOME" not in os.environ:  # one a developer set is left alone
+    os.environ["SPARK_HOME"] = str(spark_home(Path(importlib.util.find_spec("pyspark").origin).parent))
+
+CLASS_ARCHIVES = Path(os.environ.get("SPARK_JETSTREAM_CDS", CACHE / "cds"))
 """Where ``class_archive`` keeps its archives, between runs."""
 QUIET_CDS = "-Xlog:cds=off,cds+dynamic=off"
 """A JVM whose classpath is not the archive's (an older PySpark's) runs without it: no warning in its output."""
@@ -51,7 +56,8 @@ def class_archive() -> Path | None:
         return None
     java = Path(java).resolve()
     jdk = hashlib.sha1(f"{java}:{java.stat().st_size}:{java.stat().st_mtime_ns}".encode()).hexdigest()[:12]
-    archive = CLASS_ARCHIVES / f"pyspark-{pyspark.__version__}-jdk-{jdk}.jsa"
+    home = hashlib.sha1(os.environ.get("SPARK_HOME", "").encode()).hexdigest()[:8]  # the classpath's directory
+    archive = CLASS_ARCHIVES / f"pyspark-{pyspark.__version__}-jdk-{jdk}-home-{home}.jsa"
     if archive.exists():
         return archive
     CLASS_ARCHIVES.mkdir(parents=True, exist_ok=True)

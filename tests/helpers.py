@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import importlib.util
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -397,13 +399,41 @@ def ack_floors(api, stream, group: str | None = None) -> dict[str, int]:
     return {name: info["ack_floor"]["stream_seq"] for name, info in member_infos(api, stream, group).items()}
 
 
-# Server binaries and virtualenvs
+# Server binaries, virtualenvs and Spark homes
 
 
-SERVER_BINARIES = Path(
-    os.environ.get("SPARK_JETSTREAM_SERVERS", Path.home() / ".cache" / "spark-jetstream" / "nats-server")
-)
+CACHE = Path.home() / ".cache" / "spark-jetstream"
+"""What the suite keeps between runs: server binaries, venvs, class archives, Spark homes."""
+
+
+SERVER_BINARIES = Path(os.environ.get("SPARK_JETSTREAM_SERVERS", CACHE / "nats-server"))
 """Where ``server_binary`` keeps the nats-server releases it fetched, between runs."""
+
+
+def spark_home(pyspark_dir: Path) -> Path:
+    """The PySpark installed at ``pyspark_dir`` as a ``SPARK_HOME`` without ``python/lib/pyspark.zip`` (decision 0031).
+
+    Spark puts that zip first on its Python processes' path, and Python compiles what it imports from a zip anew in
+    every process (no bytecode cache): each Python daemon and each streaming query's source runner spent 1.3-1.5 CPU
+    seconds on it, and every task re-read the zip's index. Without it they import the same PySpark from
+    site-packages, compiled at install. Symlinks to the rest, made once per installation under ``CACHE``."""
+    stamp = f"{pyspark_dir.resolve()}:{(pyspark_dir / 'version.py').stat().st_mtime_ns}"
+    home = CACHE / f"spark-home-{hashlib.sha1(stamp.encode()).hexdigest()[:12]}"
+    if home.exists():
+        return home
+    partial = home.with_name(f".{home.name}.{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    (partial / "python" / "lib").mkdir(parents=True)
+    for entry in pyspark_dir.iterdir():
+        if entry.name != "python":
+            (partial / entry.name).symlink_to(entry.resolve())
+    for entry in (pyspark_dir / "python" / "lib").glob("py4j-*.zip"):
+        (partial / "python" / "lib" / entry.name).symlink_to(entry.resolve())
+    try:
+        partial.rename(home)
+    except OSError:  # another test process made it first
+        shutil.rmtree(partial)
+    return home
 
 
 def server_binary(version: str) -> str:
@@ -436,7 +466,7 @@ def server_binary(version: str) -> str:
     return str(binary)
 
 
-VENVS = Path(os.environ.get("SPARK_JETSTREAM_VENVS", Path.home() / ".cache" / "spark-jetstream" / "venvs"))
+VENVS = Path(os.environ.get("SPARK_JETSTREAM_VENVS", CACHE / "venvs"))
 """Where ``venv`` keeps the virtualenvs it makes, between runs."""
 
 

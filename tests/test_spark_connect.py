@@ -27,7 +27,7 @@ from spark_jetstream.tools.embedded import free_port
 pytestmark = pytest.mark.slow
 
 CLIENT = Path(__file__).parent / "jobs" / "connect_client.py"
-SPARK_HOME = Path(pyspark.__file__).parent
+SPARK_HOME = Path(os.environ["SPARK_HOME"])  # the suite's (conftest.spark_home)
 
 
 class ConnectServer:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from chispa import assert_df_equality
-from helpers import ack_floors, checkpoint_log, expected_rows, pip, stored, venv
+from helpers import ack_floors, checkpoint_log, expected_rows, pip, spark_home, stored, venv
 
 pytestmark = pytest.mark.slow
 
@@ -46,6 +46,12 @@ def pyspark_venv(version: str, wheel: Path) -> Path:
     return python
 
 
+def older_pyspark_env(python: Path) -> dict[str, str]:
+    """The environment for a job on the PySpark of ``python``: its Spark home, not the suite's."""
+    pyspark_dir = next(python.parent.parent.glob("lib/python*/site-packages/pyspark"))
+    return {**os.environ, "SPARK_HOME": str(spark_home(pyspark_dir)), "PYSPARK_PYTHON": str(python)}
+
+
 @pytest.mark.parametrize("version", OLDER_PYSPARKS)
 def test_streaming_batch_and_write_on_older_pyspark(version, wheel, spark, nats_server, api, make_stream, tmp_path):
     python = pyspark_venv(version, wheel)
@@ -59,7 +65,7 @@ def test_streaming_batch_and_write_on_older_pyspark(version, wheel, spark, nats_
     done = subprocess.run(
         [str(python), str(JOB), "--servers", nats_server.url, "--stream", stream.name, "--group-prefix", stream.group,
          "--max", str(cap), "--count", str(count), "--out", str(tmp_path), "--target", f"copy{stream.name}"],
-        capture_output=True, text=True, timeout=600, cwd="/", env={**os.environ, "PYSPARK_PYTHON": str(python)},
+        capture_output=True, text=True, timeout=600, cwd="/", env=older_pyspark_env(python),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])

@@ -72,9 +72,7 @@ class StandaloneCluster:
     """A Spark standalone Master on 127.0.0.1 and one single-core Worker per loopback host."""
 
     def __init__(self, workdir: Path) -> None:
-        import pyspark
-
-        self.home = os.path.dirname(pyspark.__file__)
+        self.home = os.environ["SPARK_HOME"]  # the suite's (conftest.spark_home)
         self.workdir = workdir
         self.port = free_port()
         self.processes: list[subprocess.Popen[bytes]] = []
