@@ -1,17 +1,21 @@
-"""Embedded servers: they die with the process that started them and leave its Spark connection alone."""
+"""Embedded servers: they die with the process that started them, leave its Spark connection alone, and never
+take another process's server for their own."""
 
 from __future__ import annotations
 
+import http.server
 import os
 import signal
 import subprocess
 import sys
+import threading
 import weakref
 
 import pytest
 from helpers import process_alive, wait_for
 
-from spark_jetstream.tools.embedded import EmbeddedServer
+from spark_jetstream.errors import JetStreamError
+from spark_jetstream.tools.embedded import EmbeddedServer, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -56,3 +60,31 @@ def test_starting_a_server_leaves_this_threads_spark_connection_open(spark):
     connection = before()
     assert connection is not None, "the thread's py4j connection was closed"
     assert client.get_thread_connection() is connection
+
+
+def test_a_port_another_process_took_fails_the_start_even_where_its_holder_answers_the_health_check():
+    """Ports are chosen before the server binds them, so another test process's server may take one first (seen
+    once in a full run: a test connected to the other process's server). Here a stand-in answers 200 to everything
+    on the monitoring port: the start must still fail, with the server's own log, not return."""
+
+    class Healthy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"status":"ok"}')
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    holder = http.server.HTTPServer(("127.0.0.1", free_port()), Healthy)
+    threading.Thread(target=holder.serve_forever, daemon=True).start()
+    server = EmbeddedServer(name="late")
+    server.monitor_port = holder.server_address[1]
+    try:
+        with pytest.raises(JetStreamError) as caught:
+            server.start(10)
+        assert str(caught.value).startswith("nats-server late exited at start-up:")
+        assert "address already in use" in str(caught.value)
+    finally:
+        server.close()
+        holder.shutdown()

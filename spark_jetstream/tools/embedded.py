@@ -158,6 +158,7 @@ class EmbeddedServer:
             "host": self.host,
             "port": self.port,
             "http": f"{self.host}:{self.monitor_port}",
+            "ports_file_dir": self.dir,  # written once the process holds every port: ``wait_ready``
             **self.extra,
             "jetstream": {"store_dir": os.path.join(self.dir, "js"), **self.extra.get("jetstream", {})},
         }
@@ -178,21 +179,29 @@ class EmbeddedServer:
         return self
 
     def wait_ready(self, wait: float = 20.0) -> None:
-        """Wait until the server answers its health check with JetStream up."""
+        """Wait until this process holds its ports and answers its health check with JetStream up.
+
+        The health check alone could be answered by another process's server: a port ``free_port`` chose can be
+        taken by another process before this server binds it, and the server then exits, perhaps after the check.
+        Its ports file (named by its pid) is written only once it holds every port it was given."""
         deadline = time.monotonic() + wait
         url = f"{self.monitor}/healthz?js-enabled-only=true"
         while True:
             if self.process and self.process.poll() is not None:
                 raise JetStreamError(f"nats-server {self.name} exited at start-up:\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(url, timeout=1) as response:
-                    if response.status == 200:
-                        return
+                if self._holds_its_ports():
+                    with urllib.request.urlopen(url, timeout=1) as response:
+                        if response.status == 200:
+                            return
             except OSError:
                 pass
             if time.monotonic() > deadline:
                 raise JetStreamError(f"nats-server {self.name} not ready after {wait:g}s:\n{self.log_tail()}")
             time.sleep(0.05)
+
+    def _holds_its_ports(self) -> bool:
+        return self.process is None or any(Path(self.dir).glob(f"*_{self.process.pid}.ports"))
 
     def log_tail(self, lines: int = 20) -> str:
         path = Path(self.dir, "server.log")
