@@ -174,7 +174,7 @@ LONGEST_FIRST = (
     "test_spark_connect.py",
     "test_pipelines.py",
 )
-"""The files that take longest (measured, 70-200 s each), run first: with ``-n 2`` each process takes the next file
+"""The files that take longest (measured, 70-200 s each), run first: with ``-n 3`` each process takes the next file
 when it is done, so the short ones fill the end instead of one long file running alone. Only the order changes."""
 
 

@@ -23,7 +23,7 @@ def test_readme_starts_with_the_two_setup_commands():
     commands = lines[lines.index("```bash") + 1 : lines.index("```bash") + 3]
     assert commands == [
         "pip install '.[demo]' && spark-jetstream demo",
-        "pip install '.[test]' && python -m pytest -n 2",
+        "pip install '.[test]' && python -m pytest -n 3",
     ]
     ci = (README.parent / ".ci" / "run").read_text().strip().splitlines()[-1]
     install, run = commands[1].split(" && ")

@@ -107,10 +107,11 @@ class StandaloneCluster:
             _kill_tree(process)
 
 
-@pytest.fixture
-def standalone(tmp_path: Path) -> Iterator[StandaloneCluster]:
-    (tmp_path / "cluster").mkdir()
-    cluster = StandaloneCluster(tmp_path / "cluster")
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    """One cluster for the module's jobs (a Master and two Workers are three JVM starts); each job is an app of
+    its own, with executors of its own."""
+    cluster = StandaloneCluster(tmp_path_factory.mktemp("cluster"))
     try:
         yield cluster.start()
     finally:
