@@ -184,13 +184,17 @@ class EmbeddedServer:
         The health check alone could be answered by another process's server: a port ``free_port`` chose can be
         taken by another process before this server binds it, and the server then exits, perhaps after the check.
         Its ports file (named by its pid) is written only once it holds every port it was given."""
+        process = self.process
+        if process is None:
+            raise JetStreamError(f"nats-server {self.name} was not launched: call start() or launch() first")
         deadline = time.monotonic() + wait
         url = f"{self.monitor}/healthz?js-enabled-only=true"
+        ports_file = f"*_{process.pid}.ports"
         while True:
-            if self.process and self.process.poll() is not None:
+            if process.poll() is not None:
                 raise JetStreamError(f"nats-server {self.name} exited at start-up:\n{self.log_tail()}")
             try:
-                if self._holds_its_ports():
+                if any(Path(self.dir).glob(ports_file)):
                     with urllib.request.urlopen(url, timeout=1) as response:
                         if response.status == 200:
                             return
@@ -199,9 +203,6 @@ class EmbeddedServer:
             if time.monotonic() > deadline:
                 raise JetStreamError(f"nats-server {self.name} not ready after {wait:g}s:\n{self.log_tail()}")
             time.sleep(0.05)
-
-    def _holds_its_ports(self) -> bool:
-        return self.process is None or any(Path(self.dir).glob(f"*_{self.process.pid}.ports"))
 
     def log_tail(self, lines: int = 20) -> str:
         path = Path(self.dir, "server.log")
