@@ -68,18 +68,16 @@ def test_between_batches_every_ack_floor_equals_the_last_committed_offset(
     ``readMode=pull`` on a stream with Direct Get the tasks pull from the member consumers (ack-none: delivery
     moves a floor while a batch is read, and the commit sets it back to the checkpoint).
 
-    Reading with Direct Get, the query takes each member's pin in the background from the first batch on, with one
-    delivery that it then RESETs (``streaming/pins.py``): on an ack-none consumer that delivery moves the floor for
-    a few milliseconds (seen once, under load: ``{0, 2}`` at batch 0). There the floors are read again until they
-    settle, for at most 5 s; a floor the query left ahead would stay ahead and fail."""
+    The floors are state the connector moves in the background: reading with Direct Get, the query takes each
+    member's pin from the first batch on with one delivery that it then RESETs (``streaming/pins.py``), and on an
+    ack-none consumer that delivery moves the floor for a few milliseconds (seen once, under load: ``{0, 2}`` at
+    batch 0). So they are read again until they equal the commit, for at most 5 s: a floor left elsewhere fails."""
     stream = make_stream(3000, partitions=3, consumers=ack_policy)
     floors_seen: dict[int, set[int]] = {}
-    keeps_pins = read_mode != "pull"
 
     def record(batch: DataFrame, batch_id: int) -> None:
-        offsets = checkpoint_log(tmp_path / "cp", "offsets")
-        committed = {offsets.get(batch_id - 1, 0)}
-        deadline = time.monotonic() + (5 if keeps_pins and ack_policy == "none" else 0)
+        committed = {checkpoint_log(tmp_path / "cp", "offsets").get(batch_id - 1, 0)}
+        deadline = time.monotonic() + 5
         while (floors := set(ack_floors(api, stream).values())) != committed and time.monotonic() < deadline:
             time.sleep(0.05)
         floors_seen[batch_id] = floors
