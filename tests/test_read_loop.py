@@ -63,10 +63,11 @@ def read_trickle(conn: Connection, port: int, owed: int | None) -> tuple[list[in
     got: list[bytes] = []
     says = None if owed is None else lambda: owed
     inbox, sid = conn.run(conn.subscribe_raw(lambda _s, _r, payload, _h: got.append(payload), owed=says))
+    conn.run(conn.client.flush())  # the server has the SUB before another connection publishes (else 0 may be lost)
     try:
         with counted_reads(conn) as (sizes, pauses):
             trickle(port, inbox)
-            wait_for(lambda: len(got) == MESSAGES, 5, f"{len(got)} of {MESSAGES} messages arrived")
+            wait_for(lambda: len(got) == MESSAGES, 5, lambda: f"{len(got)} of {MESSAGES} messages arrived")
     finally:
         conn.run(conn.unsubscribe_raw(sid))
     assert got == [str(n).encode() for n in range(MESSAGES)]
