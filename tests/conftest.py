@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import CACHE, PartitionedStream, add_messages, spark_home
+from helpers import CACHE, PartitionedStream, add_messages, checkpoint_option, spark_home
 
 from spark_jetstream.client import protocol
 from spark_jetstream.client.connection import Connection, ConnectionOptions, close_all, connect, disconnect
@@ -28,15 +28,17 @@ from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.groups.layout import member_consumer_config, partition_filters, partitioned_stream_config
 from spark_jetstream.tools.embedded import EmbeddedCluster, EmbeddedServer
 
-JIT = "-XX:TieredStopAtLevel=1"
+PYSPARK_DIR = Path(importlib.util.find_spec("pyspark").origin).parent
+JVM_OPTIONS = f"-XX:TieredStopAtLevel=1 {checkpoint_option(PYSPARK_DIR)}"
 """Every JVM the tests start (the session's, the jobs' and demos' drivers, executors, Connect servers) compiles with
 C1 only: their runs are short, and C2's compiler threads took a third of a cold Spark process's CPU (measured:
-11.8-13.6 -> 7.7-9.5 CPU seconds), CPU the other test process needs. It changes speed, not behaviour."""
-os.environ.setdefault("JAVA_TOOL_OPTIONS", JIT)
+11.8-13.6 -> 7.7-9.5 CPU seconds), CPU the other test process needs. Their streaming checkpoints are written without
+a process per file status (``helpers.checkpoint_option``). Both change speed, not behaviour."""
+os.environ.setdefault("JAVA_TOOL_OPTIONS", JVM_OPTIONS)
 
 
 if "SPARK_HOME" not in os.environ:  # one a developer set is left alone
-    os.environ["SPARK_HOME"] = str(spark_home(Path(importlib.util.find_spec("pyspark").origin).parent))
+    os.environ["SPARK_HOME"] = str(spark_home(PYSPARK_DIR))
 
 CLASS_ARCHIVES = Path(os.environ.get("SPARK_JETSTREAM_CDS", CACHE / "cds"))
 """Where ``class_archive`` keeps its archives, between runs."""
@@ -71,7 +73,7 @@ def class_archive() -> Path | None:
         partial = archive.with_name(f".{archive.name}.{os.getpid()}")
         scratch = CLASS_ARCHIVES / f".scratch.{os.getpid()}"
         job = Path(__file__).parent / "jobs" / "class_archive.py"
-        options = f"{JIT} -XX:ArchiveClassesAtExit={partial} {QUIET_CDS}"
+        options = f"{JVM_OPTIONS} -XX:ArchiveClassesAtExit={partial} {QUIET_CDS}"
         done = subprocess.run([sys.executable, str(job), str(scratch)], capture_output=True, text=True, timeout=300,
                               env={**os.environ, "JAVA_TOOL_OPTIONS": options})  # fmt: skip
         shutil.rmtree(scratch, ignore_errors=True)
@@ -86,8 +88,8 @@ def class_archive() -> Path | None:
 def use_class_archive() -> None:
     """Start the JVMs of this test process from here on with ``class_archive`` (only under the suite's own
     ``JAVA_TOOL_OPTIONS``: one a developer set is left alone)."""
-    if os.environ.get("JAVA_TOOL_OPTIONS") == JIT and (archive := class_archive()) is not None:
-        os.environ["JAVA_TOOL_OPTIONS"] = f"{JIT} -XX:SharedArchiveFile={archive} {QUIET_CDS}"
+    if os.environ.get("JAVA_TOOL_OPTIONS") == JVM_OPTIONS and (archive := class_archive()) is not None:
+        os.environ["JAVA_TOOL_OPTIONS"] = f"{JVM_OPTIONS} -XX:SharedArchiveFile={archive} {QUIET_CDS}"
 
 
 @pytest.fixture(autouse=True)

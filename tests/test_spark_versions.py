@@ -9,6 +9,7 @@ the main uses there; this module checks their outcomes with the suite's own PySp
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from chispa import assert_df_equality
-from helpers import ack_floors, checkpoint_log, expected_rows, pip, spark_home, stored, venv
+from helpers import ack_floors, checkpoint_log, checkpoint_option, expected_rows, pip, spark_home, stored, venv
 
 pytestmark = pytest.mark.slow
 
@@ -47,9 +48,17 @@ def pyspark_venv(version: str, wheel: Path) -> Path:
 
 
 def older_pyspark_env(python: Path) -> dict[str, str]:
-    """The environment for a job on the PySpark of ``python``: its Spark home, not the suite's."""
+    """The environment for a job on the PySpark of ``python``: its Spark home and checkpoint file manager, not the
+    suite's."""
     pyspark_dir = next(python.parent.parent.glob("lib/python*/site-packages/pyspark"))
-    return {**os.environ, "SPARK_HOME": str(spark_home(pyspark_dir)), "PYSPARK_PYTHON": str(python)}
+    suites = checkpoint_option(Path(importlib.util.find_spec("pyspark").origin).parent)
+    options = os.environ.get("JAVA_TOOL_OPTIONS", "").replace(suites, checkpoint_option(pyspark_dir))
+    return {
+        **os.environ,
+        "SPARK_HOME": str(spark_home(pyspark_dir)),
+        "PYSPARK_PYTHON": str(python),
+        "JAVA_TOOL_OPTIONS": options,
+    }
 
 
 @pytest.mark.parametrize("version", OLDER_PYSPARKS)
