@@ -95,16 +95,16 @@ JOB = Path(__file__).parent / "jobs" / "stream_to_parquet.py"
 
 @pytest.mark.parametrize(
     ("point", "retention"),
-    [("initial", "limits"), ("latest", "limits"), ("plan", "limits"), ("plan", "workqueue"), ("commit", "limits")],
+    [("initial", "limits"), ("latest", "limits"), ("plan", "workqueue"), ("commit", "limits")],
 )
 def test_driver_killed_at_each_point_of_the_batch_cycle_restarts_exactly(
     point, retention, spark, nats_server, api, make_stream, tmp_path
 ):
     """``initial``: a new query before its first offset; ``latest``: after the sink committed a batch,
-    before the source acked it; ``plan``: the batch is in the offset log but unread (on a WorkQueue
-    stream an early ack would delete it: the restart's ``partitions(latest, latest)`` must not ack);
+    before the source acked it; ``plan``: the batch is in the offset log but unread, on a WorkQueue stream only,
+    where an early ack would delete it (the restart's ``partitions(latest, latest)`` must not ack);
     ``commit``: some member floors moved, others not. (Mid-read is
-    tests/test_source.py::test_driver_killed_mid_batch_restarts_exactly_once.)"""
+    tests/test_driver_kill.py::test_driver_killed_mid_batch_restarts_exactly_once.)"""
     import os
     import signal
     import subprocess

@@ -141,22 +141,26 @@ def _splits(folder: Path) -> dict[int, list[dict[str, list[int]]]]:
     return {batch: [split for _, split in sorted(records)] for batch, records in found.items()}
 
 
+BATCH = 800
+"""Seqs in each micro-batch of the ``minPartitions`` test: 8 slices of 100."""
+
+
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "through-consumers"])
 def test_min_partitions_cuts_every_micro_batch_and_a_replay_after_a_crash_alike(
     spark, nats_server, conn, api, tmp_path, direct
 ):
-    """A stream without a partition transform (one member) read with ``minPartitions=8``: every batch of 4,000
+    """A stream without a partition transform (one member) read with ``minPartitions=8``: every batch of 800
     seqs is read by 8 tasks of contiguous slices, the output is exact, and the batch whose driver was SIGKILLed
     before its commit is cut exactly as before when the restarted query replays it. Without Direct Get the slices
     are read through consumers of the tasks' own: the member consumer delivers nothing (the pin's one message
     aside) and keeps the floor, and no consumer of a task is left."""
     api.create_stream({"name": "SplitReplay", "subjects": ["split.>"], "allow_direct": direct})
     try:
-        publish_all(conn, ((f"split.{i % 9}", f"m{i}".encode(), None) for i in range(12_000)))
+        publish_all(conn, ((f"split.{i % 9}", f"m{i}".encode(), None) for i in range(3 * BATCH)))
         splits, checkpoint = tmp_path / "splits", tmp_path / "cp"
         args = [sys.executable, str(SPLITS_JOB), "--servers", nats_server.url, "--stream", "SplitReplay",
                 "--group", "split", "--out", str(tmp_path / "out"), "--checkpoint", str(checkpoint),
-                "--splits", str(splits), "--min-partitions", "8", "--max-per-trigger", "4000"]  # fmt: skip
+                "--splits", str(splits), "--min-partitions", "8", "--max-per-trigger", str(BATCH)]  # fmt: skip
         run_then_kill([*args, "--hang-on-batch", "1"], lambda: (splits / "hanging").exists(), 240)
         assert 1 in checkpoint_log(checkpoint, "offsets") and 1 not in checkpoint_log(checkpoint, "commits")
 
@@ -167,14 +171,14 @@ def test_min_partitions_cuts_every_micro_batch_and_a_replay_after_a_crash_alike(
         for batch, (split, *_) in recorded.items():
             assert len(split) == 8, (batch, split)
             slices = sorted(split.values())
-            assert slices[0][0] == 4000 * batch + 1 and slices[-1][1] == 4000 * (batch + 1)
+            assert slices[0][0] == BATCH * batch + 1 and slices[-1][1] == BATCH * (batch + 1)
             assert all(low == previous[1] + 1 for previous, (low, *_) in pairwise(slices))
-            assert all(count == high - low + 1 == 500 for low, high, count in slices)
+            assert all(count == high - low + 1 == BATCH // 8 for low, high, count in slices)
         out = spark.read.parquet(str(tmp_path / "out"))
         rows = sorted((r.seq, r.subject, bytes(r.data)) for r in out.collect())
-        assert rows == [(i + 1, f"split.{i % 9}", f"m{i}".encode()) for i in range(12_000)]
+        assert rows == [(i + 1, f"split.{i % 9}", f"m{i}".encode()) for i in range(3 * BATCH)]
         member = api.consumer_info("SplitReplay", "split-0")
-        assert member["ack_floor"]["stream_seq"] == 12_000
+        assert member["ack_floor"]["stream_seq"] == 3 * BATCH
         assert member["delivered"]["consumer_seq"] <= 1  # reset to the floor after the pin's taking delivery
         assert api.consumer_names("SplitReplay") == ["split-0"]
     finally:

@@ -145,10 +145,10 @@ def test_streaming_without_a_group_reads_exactly_and_restarts(spark, versioned_s
     for stream, mode in (("PART", expected_mode), ("PLAIN", PULL)):
         assert choose_read_mode(api, stream, api.stream_info(stream)["config"], "auto", "test") == mode
         folder = tmp_path / stream
-        _available_now(_stream(spark, server, stream, maxMessagesPerTrigger=700), folder)
+        _available_now(_stream(spark, server, stream, maxMessagesPerTrigger=1500), folder)
         last = api.stream_info(stream)["state"]["last_seq"]
         publish_all(api.conn, ((f"{stream.lower()}.late.{i}", b"late", None) for i in range(50)))
-        _available_now(_stream(spark, server, stream, maxMessagesPerTrigger=700), folder)  # the restart
+        _available_now(_stream(spark, server, stream, maxMessagesPerTrigger=1500), folder)  # the restart
         late = {(last + i + 1, f"{stream.lower()}.late.{i}", b"late") for i in range(50)}
         output = spark.read.parquet(str(folder / "out"))
         assert output.count() == COUNT + 50
@@ -172,7 +172,7 @@ def test_batch_reads_with_a_subjects_filter(spark, versioned_server):
 def _copy_with_a_replay(spark, server, prefix: str, tmp_path, **options: str) -> None:
     """Copy stream PLAIN into ``<prefix>.<subject>`` with the jetstream writer (``options``), then again after the
     last batch's commit was lost: Spark runs that batch again."""
-    source = _stream(spark, server, "PLAIN", maxMessagesPerTrigger=1000)
+    source = _stream(spark, server, "PLAIN", maxMessagesPerTrigger=1500)
     copy = source.selectExpr(f"concat('{prefix}.', subject) AS subject", "data")
     for replay in (False, True):
         if replay:
