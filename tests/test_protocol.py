@@ -10,6 +10,7 @@ from nats.protocol.parser import Parser
 from spark_jetstream.client import protocol
 from spark_jetstream.client.protocol import FastParser, run_pattern, wire
 from spark_jetstream.client.publish import _STORED
+from spark_jetstream.read.rows import RowBuffer, texts
 
 RAW_SID, PLAIN_SID, ACK_SID = 7, 9, 11
 
@@ -172,7 +173,8 @@ class DeliveriesClient(Client):
 
     def __init__(self) -> None:
         super().__init__()
-        self.bulk_handlers = {RAW_SID: protocol.deliveries_handler(RAW_SID, self.deliver, True)}
+        self.rows = RowBuffer(keep_headers=True)  # what the bulk handler appends to
+        self.bulk_handlers = {RAW_SID: protocol.deliveries_handler(RAW_SID, self, self.deliver)}
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         """As ``RawClient``'s: what nats-py's parser read (after a PING) is offered to the bulk handler first."""
@@ -182,10 +184,16 @@ class DeliveriesClient(Client):
                 return
         await super()._process_msg(sid, subject, reply, data, headers)
 
-    def deliver(self, subjects, payloads, seqs, stamps, headers, drained) -> None:
-        for subject, payload, block in zip(subjects, payloads, headers, strict=True):
-            self.seen.append(("raw", None, subject, b"<delivery>", bytes(payload), block and bytes(block)))
-        self.runs.append(len(seqs))
+    def deliver(self, rows: RowBuffer, first: int, header: bytes | None, drained: int) -> None:
+        end = len(rows)
+        for subject, payload, block in zip(
+            texts(rows.subjects, rows.subject_ends, first, end),
+            texts(rows.payload, rows.offsets, first, end),
+            rows.header_blocks()[first:],
+            strict=True,
+        ):
+            self.seen.append(("raw", None, subject, b"<delivery>", payload, block))
+        self.runs.append(end - first)
 
 
 def _deliveries_as_runs(entries: list) -> list:
