@@ -102,7 +102,7 @@ run_field(const unsigned char *b, Py_ssize_t n, Py_ssize_t *i, int stops, Span *
 
 /* -- numbers ------------------------------------------------------------------------------------------------- */
 
-#define ALWAYS_DIGITS 640 /* sys.int_info.str_digits_check_threshold: int() converts this many digits whatever the limit */
+#define ALWAYS_DIGITS 640 /* sys.int_info.str_digits_check_threshold: int() converts so many digits, any limit */
 #define MAX_DIGITS 19     /* 10**19 - 1 < 2**64: exact in an unsigned long long */
 
 /* A number from the wire (a run of ASCII digits) as int() reads it, into *value: 1; 0 when it does not fit in a
@@ -249,7 +249,8 @@ get_columns(Handler *h, Columns *c)
 {
     if ((c->rows = attribute(h->target, "rows")) == NULL)
         return -1;
-    if (text_column(c, SUBJECTS, "subjects", "subject_ends") <= 0 || text_column(c, PAYLOADS, "payload", "offsets") <= 0)
+    if (text_column(c, SUBJECTS, "subjects", "subject_ends") <= 0 ||
+        text_column(c, PAYLOADS, "payload", "offsets") <= 0)
         goto missing;
     if (text_column(c, HEADERS, "headers", "header_ends") < 0) /* None: no header blocks kept */
         return -1;
@@ -274,7 +275,10 @@ static Span
 text_of(const Row *row, int column, Py_ssize_t *tail)
 {
     *tail = column == HEADERS ? row->header_tail : 0;
-    return column == SUBJECTS ? row->subject : column == PAYLOADS ? row->payload : column == HEADERS ? row->header : row->time;
+    return column == SUBJECTS   ? row->subject
+           : column == PAYLOADS ? row->payload
+           : column == HEADERS  ? row->header
+                                : row->time;
 }
 
 /* Append the run's texts to the columns kept so, each one's end into ends[column * count + k], while the buffer `b`
@@ -318,7 +322,8 @@ append_texts(Columns *c, const unsigned char *b, const Run *run, int *ends)
     return 0;
 
 too_large:
-    PyErr_SetString(PyExc_OverflowError, "a run would take a record batch's column past 2 GiB (its offsets are 32-bit)");
+    PyErr_SetString(PyExc_OverflowError,
+                    "a run would take a record batch's column past 2 GiB (its offsets are 32-bit)"); /* TOO_LARGE */
     return -1;
 }
 
@@ -480,7 +485,8 @@ take_deliveries(Handler *h, PyObject *buffer_object, Py_ssize_t pos)
         row->header = (Span){start, header_size}; /* empty for a MSG */
         row->header_tail = 0;
         row->payload = (Span){start + header_size, total - header_size};
-        if (headed && header == NULL && (header = PyBytes_FromStringAndSize((const char *)b + start, header_size)) == NULL)
+        if (headed && header == NULL &&
+            (header = PyBytes_FromStringAndSize((const char *)b + start, header_size)) == NULL)
             goto scan_error;
         if (drained < 0 && d.pending.len == 1 && b[d.pending.at] == '0')
             drained = run.count; /* the server counted nothing more pending after this one */
@@ -641,7 +647,8 @@ scanned:
         result = PyLong_FromSsize_t(pos);
         goto done;
     }
-    if (pending.len > 0 && (pending_text = PyBytes_FromStringAndSize((const char *)b + pending.at, pending.len)) == NULL)
+    if (pending.len > 0 &&
+        (pending_text = PyBytes_FromStringAndSize((const char *)b + pending.at, pending.len)) == NULL)
         goto scan_error;
     if (append_run(&c, &buffer, &run) < 0) /* releases the buffer */
         goto done;
