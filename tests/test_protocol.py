@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
 from helpers import parse_all
 from nats.errors import ProtocolError
@@ -209,3 +211,17 @@ def test_deliveries_in_runs_match_nats_py_under_any_chunking(size):
     seen, infos = dispatched(Parser, [STREAM])
     assert dispatched(FastParser, chunks, client) == (_deliveries_as_runs(seen), infos)
     assert sum(client.runs) == 3
+
+
+def test_a_run_that_would_take_a_column_past_2_gib_is_refused_whole():
+    """The ends of the rows' texts are 32-bit (Arrow's ``binary``): a run past them appends nothing."""
+
+    class Huge(bytearray):
+        def __len__(self) -> int:
+            return 2**31 - 5
+
+    subjects, subject_ends = bytearray(b"a"), array("i", [0, 1])
+    payload, offsets = Huge(), array("i", [0, 7])
+    with pytest.raises(OverflowError, match="past 2 GiB"):
+        protocol._append([(subjects, subject_ends, [b"s"]), (payload, offsets, [b"12", b"3456"])], [])
+    assert (subjects, subject_ends, offsets) == (b"a", array("i", [0, 1]), array("i", [0, 7]))

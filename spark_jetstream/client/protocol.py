@@ -209,7 +209,6 @@ Keep = Callable[[Columns, int, "bytes | None"], None]
 ascending: ``pending`` the last one's ``Nats-Num-Pending`` (None: the server sent none)."""
 
 TOO_LARGE = "a run would take a record batch's column past 2 GiB (its offsets are 32-bit)"
-_MAX_END = 2**31 - 1
 _MAX_SEQ = 2**63 - 1
 """The largest seq or time a run holds (an ``array("q")``): a delivery with a larger one ends the run before it."""
 
@@ -218,12 +217,16 @@ _TOKEN = rb"[^ .\r\n]++"
 
 def _append(texts: list[tuple[bytearray, array, list]], numbers: list[tuple[array, list[int]]]) -> None:
     """A run's columns onto a ``Columns``: each text column's pieces back to back onto its values and each one's end
-    onto its ends (all checked before any is appended), then the numbers."""
-    ends = [list(accumulate(map(len, pieces), initial=len(values))) for values, _, pieces in texts]
-    if any(column[-1] > _MAX_END for column in ends):
-        raise OverflowError(TOO_LARGE)
-    for (values, offsets, pieces), column in zip(texts, ends, strict=True):
-        offsets.extend(islice(column, 1, None))
+    onto its ends (none appended when an end is past what 32-bit ends hold), then the numbers."""
+    counts = [len(ends) for _, ends, _ in texts]
+    try:
+        for values, ends, pieces in texts:
+            ends.extend(islice(accumulate(map(len, pieces), initial=len(values)), 1, None))
+    except OverflowError:  # an array("i") refuses an end past 2**31 - 1
+        for (_, ends, _), count in zip(texts, counts, strict=True):
+            del ends[count:]
+        raise OverflowError(TOO_LARGE) from None
+    for values, _, pieces in texts:
         values += b"".join(pieces)
     for values, items in numbers:
         values.extend(items)
