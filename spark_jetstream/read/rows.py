@@ -1,8 +1,8 @@
 """The row schema in Arrow types and building Arrow record batches from read messages.
 
-Messages are collected in the buffers of their Arrow columns (``RowBuffer``, appended to by the bulk handlers) and
-turned into Arrow columns in one step per batch. Spark requires the first batch's schema to equal the
-declared one exactly: ``string``/``binary`` (not ``large_*``) and ``timestamp[us, UTC]``.
+Messages are collected in the buffers of their Arrow columns (``RowBuffer``, which the bulk handlers append to) and
+turned into Arrow columns in one step per batch. Spark requires the first batch's schema to equal the declared one
+exactly: ``string``/``binary`` (not ``large_*``) and ``timestamp[us, UTC]``.
 
 Columns are built from their buffers, not with ``pa.array``/``pa.scalar``: those import pandas the
 first time they see a Python object (measured with pyarrow 22: ~0.2 s, in every fresh executor
