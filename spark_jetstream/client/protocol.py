@@ -194,7 +194,7 @@ class Columns(Protocol):
 
 
 class Target(Protocol):
-    """What a bulk handler appends to: ``rows``, read once per run (``read.rows.RowBatches``)."""
+    """What a bulk handler appends to: its ``rows``, read at each call (``read.rows.RowBatches``)."""
 
     rows: Columns
 
