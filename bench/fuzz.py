@@ -4,10 +4,10 @@ atheris (libFuzzer for Python) makes inputs from the seeds in ``bench/fuzz_corpu
 deliveries and of Direct Get replies from the differential test's generators; ``hostile-*``: its hostile cases;
 ``found-*``: inputs earlier runs found that reach code the others do not) and the tokens of
 ``bench/fuzz_corpus/nats.dict``. Each input goes to the compiled handler and to its pure-Python twin, as a buffer
-from position 0, for subscriptions 5 and 55 (the seeds' messages are to both) with and without ``keep_headers``:
-the callback's arguments (types and contents), the position returned and the error raised must be equal
-(``tests/test_speedups.py``'s ``outcome``). The compiled handler gets the bytes twice: ending where an unreadable page
-begins (a read one byte past the end faults), and in a bytearray (ASan's red zones before and after it). Any
+from position 0, for subscriptions 5 and 55 (the seeds' messages are to both) with and without header blocks kept:
+the rows appended, the callback's arguments (types and contents), the position returned and the error raised must be
+equal (``tests/test_speedups.py``'s ``outcome``). The compiled handler gets the bytes twice: ending where an
+unreadable page begins (a read one byte past the end faults), and in a bytearray (ASan's red zones around it). Any
 difference, crash or sanitizer report stops the run, and libFuzzer writes the input to the findings folder it
 prints; the run's new inputs go to a temporary folder, never into the seeds.
 

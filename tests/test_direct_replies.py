@@ -3,8 +3,6 @@ arrive: the bulk path (runs taken straight from the read buffer) and the per-mes
 
 from __future__ import annotations
 
-from array import array
-from itertools import pairwise
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +11,7 @@ from helpers import parse_all
 from spark_jetstream.client.protocol import FastParser, wire
 from spark_jetstream.read import direct
 from spark_jetstream.read.ranges import SeqRange
+from spark_jetstream.read.rows import texts
 
 pytestmark = pytest.mark.usefixtures("bulk_parsers")  # each test on both implementations of the bulk handlers
 
@@ -84,25 +83,18 @@ def read(chunks: list[bytes], bulk: bool) -> tuple[list[tuple], list[bytes]]:
     assert reader.batch_done.is_set() and reader.error is None
     reader.batches.flush()
     rows = [
-        (subject, bytes(rows.payload[start:end]), seq, stamp, header)
+        row
         for rows in reader.batches.ready
-        for subject, start, end, seq, stamp, header in zip(
-            _texts(rows.subjects, rows.subject_ends),
-            rows.offsets[:-1],
-            rows.offsets[1:],
+        for row in zip(
+            texts(rows.subjects, rows.subject_ends, 0, len(rows)),
+            texts(rows.payload, rows.offsets, 0, len(rows)),
             rows.seqs,
-            _texts(rows.times, rows.time_ends),
-            rows.headers,
+            texts(rows.times, rows.time_ends, 0, len(rows)),  # type: ignore[arg-type]
+            rows.header_blocks(),
             strict=True,
         )
     ]
     return rows, client.others
-
-
-def _texts(values: bytearray, ends: array | None) -> list[bytes]:
-    """A row buffer's texts kept back to back (``RowBuffer``), one by one."""
-    assert ends is not None
-    return [bytes(values[start:end]) for start, end in pairwise(ends)]
 
 
 @pytest.mark.parametrize("size", [1, 7, 64, 333, 4096, len(WIRE)])
@@ -126,7 +118,7 @@ def test_a_run_is_taken_in_one_step():
     reader = direct._DirectReader(conn, SeqRange("S", ">", 0, 1000, partitioned=True))  # type: ignore[arg-type]
     calls: list[int] = []
     keep = reader._keep
-    reader._keep = lambda subjects, *rest: (calls.append(len(subjects)), keep(subjects, *rest))  # type: ignore[method-assign]
+    reader._keep = lambda rows, first, pending: (calls.append(len(rows) - first), keep(rows, first, pending))  # type: ignore[method-assign]
     buf = bytearray(run)
     assert reader._bulk(SID)(buf, memoryview(buf), 0) == len(run)
     assert calls == [300] and reader.last == 300 and reader.pending == 0

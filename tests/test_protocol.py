@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
 from helpers import parse_all
 from nats.errors import ProtocolError
@@ -10,6 +12,7 @@ from nats.protocol.parser import Parser
 from spark_jetstream.client import protocol
 from spark_jetstream.client.protocol import FastParser, run_pattern, wire
 from spark_jetstream.client.publish import _STORED
+from spark_jetstream.read.rows import RowBuffer, texts
 
 RAW_SID, PLAIN_SID, ACK_SID = 7, 9, 11
 
@@ -172,7 +175,8 @@ class DeliveriesClient(Client):
 
     def __init__(self) -> None:
         super().__init__()
-        self.bulk_handlers = {RAW_SID: protocol.deliveries_handler(RAW_SID, self.deliver, True)}
+        self.rows = RowBuffer(keep_headers=True)  # what the bulk handler appends to
+        self.bulk_handlers = {RAW_SID: protocol.deliveries_handler(RAW_SID, self, self.deliver)}
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         """As ``RawClient``'s: what nats-py's parser read (after a PING) is offered to the bulk handler first."""
@@ -182,10 +186,16 @@ class DeliveriesClient(Client):
                 return
         await super()._process_msg(sid, subject, reply, data, headers)
 
-    def deliver(self, subjects, payloads, seqs, stamps, headers, drained) -> None:
-        for subject, payload, block in zip(subjects, payloads, headers, strict=True):
-            self.seen.append(("raw", None, subject, b"<delivery>", bytes(payload), block and bytes(block)))
-        self.runs.append(len(seqs))
+    def deliver(self, rows: RowBuffer, first: int, header: bytes | None, drained: int) -> None:
+        end = len(rows)
+        for subject, payload, block in zip(
+            texts(rows.subjects, rows.subject_ends, first, end),
+            texts(rows.payload, rows.offsets, first, end),
+            rows.header_blocks()[first:],
+            strict=True,
+        ):
+            self.seen.append(("raw", None, subject, b"<delivery>", payload, block))
+        self.runs.append(end - first)
 
 
 def _deliveries_as_runs(entries: list) -> list:
@@ -201,3 +211,17 @@ def test_deliveries_in_runs_match_nats_py_under_any_chunking(size):
     seen, infos = dispatched(Parser, [STREAM])
     assert dispatched(FastParser, chunks, client) == (_deliveries_as_runs(seen), infos)
     assert sum(client.runs) == 3
+
+
+def test_a_run_that_would_take_a_column_past_2_gib_is_refused_whole():
+    """The ends of the rows' texts are 32-bit (Arrow's ``binary``): a run past them appends nothing."""
+
+    class Huge(bytearray):
+        def __len__(self) -> int:
+            return 2**31 - 5
+
+    subjects, subject_ends = bytearray(b"a"), array("i", [0, 1])
+    payload, offsets = Huge(), array("i", [0, 7])
+    with pytest.raises(OverflowError, match="past 2 GiB"):
+        protocol._append([(subjects, subject_ends, [b"s"]), (payload, offsets, [b"12", b"3456"])], [])
+    assert (subjects, subject_ends, offsets) == (b"a", array("i", [0, 1]), array("i", [0, 7]))

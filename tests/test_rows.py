@@ -38,10 +38,9 @@ def test_headers_keep_repeated_keys_and_drop_the_pin():
 
 
 def _buffer() -> RowBuffer:
-    rows = RowBuffer()
+    rows = RowBuffer(keep_headers=True)
     for seq, subject in ((3, b"1.orders.a.b"), (9, b"12.orders.c")):
-        rows.add(subject, b"payload-%d" % seq, seq, 1_700_000_000_123_456_789)
-        rows.headers.append(b"NATS/1.0\r\nk: v\r\n\r\n")
+        rows.add(subject, b"payload-%d" % seq, seq, 1_700_000_000_123_456_789, b"NATS/1.0\r\nk: v\r\n\r\n")
     return rows
 
 
@@ -88,9 +87,8 @@ def test_building_a_batch_imports_no_pandas():
     probe = (
         "import sys\n"
         "from spark_jetstream.read.rows import RowBuffer\n"
-        "rows = RowBuffer()\n"
-        "rows.add(b'1.a', b'x', 7, 1_700_000_000_000_000_000)\n"
-        "rows.headers = [b'NATS/1.0\\r\\nk: v\\r\\n\\r\\n']\n"
+        "rows = RowBuffer(keep_headers=True)\n"
+        "rows.add(b'1.a', b'x', 7, 1_700_000_000_000_000_000, b'NATS/1.0\\r\\nk: v\\r\\n\\r\\n')\n"
         "rows.to_record_batch('S', True, True)\n"
         "texts = RowBuffer(text_times=True)\n"  # a Direct Get read's times: RFC 3339 text
         "texts.add(b'1.a', b'x', 7, b'2026-01-01T00:00:00Z')\n"
@@ -114,7 +112,7 @@ def test_row_batches_stay_within_their_row_and_byte_bounds():
     seen = []
     for rows in batches.ready:
         built = rows.to_record_batch("S", True, True)
-        counted = sum(len(d) for d in built.column("data").to_pylist()) + sum(len(h) for h in rows.headers if h)
+        counted = sum(len(d) for d in built.column("data").to_pylist()) + len(rows.headers or b"")
         assert counted == rows.nbytes
         assert 1 <= len(rows) <= 7
         assert rows.nbytes <= 2000 or len(rows) == 1, (len(rows), rows.nbytes)
@@ -126,7 +124,8 @@ def test_row_batches_stay_within_their_row_and_byte_bounds():
 
 @pytest.mark.parametrize("keep_headers", [True, False])
 def test_runs_of_messages_make_the_batches_one_message_at_a_time_makes(keep_headers):
-    """``RowBatches.extend`` (a run of Direct Get replies at once) bounds batches exactly as ``add`` does."""
+    """A run appended to the rows at once (as the bulk handlers append them), of which ``RowBatches.keep`` keeps a
+    part, makes the batches that the kept messages added one at a time make."""
     rng = random.Random(5)
     sizes = [rng.choice([0, 10, 900, 1000, 1001, 5000]) for _ in range(400)]
     header = b"NATS/1.0\r\nk: v\r\n\r\n"
@@ -135,13 +134,18 @@ def test_runs_of_messages_make_the_batches_one_message_at_a_time_makes(keep_head
         for seq, size in enumerate(sizes, 1)
     ]
     one, runs = (RowBatches(max_rows=7, max_bytes=2000, keep_headers=keep_headers, text_times=True) for _ in range(2))
-    for message in messages:
-        one.add(*message)
     first = 0
     while first < len(messages):
         run = messages[first : first + rng.choice([1, 2, 5, 13, 40])]
-        subjects, payloads, seqs, stamps, headers = (list(column) for column in zip(*run, strict=True))
-        runs.extend(subjects, [memoryview(p) for p in payloads], seqs, stamps, headers)
+        low, high = sorted(
+            rng.choice([0, len(run)]) if rng.random() < 0.7 else rng.randrange(len(run) + 1) for _ in "lh"
+        )
+        for message in run[low:high]:
+            one.add(*message)
+        at = len(runs.rows)
+        for message in run:
+            runs.rows.add(*message)
+        runs.keep(at, at + low, at + high)
         first += len(run)
     one.flush()
     runs.flush()
@@ -157,12 +161,31 @@ def test_runs_of_messages_make_the_batches_one_message_at_a_time_makes(keep_head
                 rows.times,
                 rows.time_ends,
                 rows.headers,
+                rows.header_ends,
                 rows.nbytes,
             )
             for rows in batches.ready
         ]
 
     assert shape(runs) == shape(one)
+    assert len(shape(one)) > 50
+
+
+def test_rows_are_kept_in_order_from_a_run():
+    """``keep_in_order``: of an ascending run, the seqs in ``(last, end]`` up to ``stop``; one past ``end`` ends it."""
+    batches = RowBatches(max_rows=100, max_bytes=10_000, keep_headers=False)
+    batches.add(b"0.a", b"x", 1, 10, None)
+    for seq in (1, 2, 4, 7, 9, 12):
+        batches.rows.add(b"0.b", b"p%d" % seq, seq, seq * 10)
+    assert batches.keep_in_order(1, 2, 9) == (9, 3, True)
+    assert list(batches.rows.seqs) == [1, 4, 7, 9]
+    assert bytes(batches.rows.payload) == b"xp4p7p9" and list(batches.rows.offsets) == [0, 1, 3, 5, 7]
+    for seq in (10, 11, 12):
+        batches.rows.add(b"0.c", b"q", seq, seq)
+    assert batches.keep_in_order(4, 9, 20, stop=6) == (11, 2, False)  # none after row 6 (a drained one)
+    assert list(batches.rows.seqs) == [1, 4, 7, 9, 10, 11] and batches.rows.nbytes == 9
+    batches.rows.add(b"0.d", b"r", 3, 3)
+    assert batches.keep_in_order(6, 11, 20) == (11, 0, False) and len(batches.rows) == 6
 
 
 def test_rows_of_no_partition_are_left_out_of_a_partitioned_read():
@@ -181,7 +204,8 @@ def test_times_given_as_text_become_the_timestamp_column():
     """Direct Get's times come as RFC 3339 text, kept back to back and parsed once per batch."""
     rows = RowBuffer(text_times=True)
     rows.add(b"0.a", b"x", 1, b"2026-11-27T10:00:00.123456789Z")
-    rows.extend([b"1.bb", b"2.c"], [b"y", b"zz"], [2, 4], [2, 3], [b"2026-11-27T10:00:01Z", b"1970-01-01T00:00:00Z"])
+    rows.add(b"1.bb", b"y", 2, b"2026-11-27T10:00:01Z")
+    rows.add(b"2.c", b"zz", 3, b"1970-01-01T00:00:00Z")
     batch = rows.to_record_batch("S", partitioned=True, include_headers=False)
     assert batch.column("timestamp").cast(pa.int64()).to_pylist() == [1_795_773_600_123_456, 1_795_773_601_000_000, 0]
     assert batch.to_pydict()["subject"] == ["a", "bb", "c"] and batch.to_pydict()["seq"] == [1, 2, 3]

@@ -1,5 +1,6 @@
 """The compiled bulk handlers (``client/_speedups.c``) do exactly what their pure-Python twins do, for any bytes: the
-same callback arguments (types and contents), the same position returned, the same errors raised (decision 0029).
+same bytes and numbers appended to the rows' columns, the same callback arguments (types and contents), the same
+position returned, the same errors raised (decisions 0029 and 0033).
 
 Both are fed the same wire bytes: generated runs of deliveries and of Direct Get replies (with and without headers,
 pin ids, redeliveries, statuses, other subscriptions' messages, empty and 1 MB payloads, many subjects), every prefix
@@ -21,8 +22,10 @@ import mmap
 import random
 import sys
 import weakref
+from array import array
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -30,6 +33,7 @@ import pytest
 import spark_jetstream.client
 from spark_jetstream.client import protocol
 from spark_jetstream.client.protocol import PURE, BulkParsers, FastParser, wire
+from spark_jetstream.read.rows import RowBuffer
 
 COMPILED, WHY = protocol.compiled_parsers()
 needs_compiled = pytest.mark.skipif(COMPILED is None, reason=f"no compiled bulk handlers here: {WHY}")
@@ -106,35 +110,50 @@ def guarded(data: bytes) -> memoryview:
     return _guarded[0].holding(data)
 
 
+def target(kind: Kind, keep_headers: bool) -> SimpleNamespace:
+    """What a handler appends to: ``rows`` as a reader's (Direct Get's times are text), one row in it already (so the
+    ends a run appends are past it)."""
+    rows = RowBuffer(text_times=kind == "direct", keep_headers=keep_headers)
+    rows.add(b"0.before", b"earlier", 1, TIME if kind == "direct" else STAMP, b"NATS/1.0\r\nX: y\r\n\r\n")
+    return SimpleNamespace(rows=rows)
+
+
+def columns(rows: RowBuffer) -> tuple:
+    """The contents of the rows' column buffers, their types checked (what Arrow builds the columns over)."""
+    texts = [(rows.subjects, rows.subject_ends), (rows.payload, rows.offsets)]
+    texts += [
+        (values, ends) for values, ends in ((rows.headers, rows.header_ends), (rows.times, rows.time_ends)) if ends
+    ]
+    for values, ends in texts:
+        assert type(values) is bytearray and type(ends) is array and ends.typecode == "i", (values, ends)
+        assert ends[0] == 0 and ends[-1] == len(values) and len(ends) == len(rows.seqs) + 1
+    numbers = [rows.seqs] if rows.time_ends is not None else [rows.seqs, rows.times]
+    assert all(type(values) is array and values.typecode == "q" for values in numbers)
+    return tuple((bytes(values), ends.tolist()) for values, ends in texts) + tuple(n.tolist() for n in numbers)  # type: ignore[union-attr]
+
+
 def outcome(
     parsers: BulkParsers, kind: Kind, data: bytes, pos: int, keep_headers: bool, sid: int = SID, guard: bool = True
 ) -> tuple:
-    """What one implementation's handler does with ``data`` at ``pos``: each callback call's arguments (types and
-    contents; memoryviews must be slices of the caller's buffer) and what it returned or raised. A compiled handler
-    gets the bytes in ``guarded`` memory (with ``guard``); the pure one, which needs a bytearray's methods, in a
-    bytearray, as the connection's parser hands them."""
+    """What one implementation's handler does with ``data`` at ``pos``: each callback call's arguments (the rows'
+    contents then, types and contents of the others), what it returned or raised, and the rows' contents at the end.
+    A compiled handler gets the bytes in ``guarded`` memory (with ``guard``); the pure one, which needs a bytearray's
+    methods, in a bytearray, as the connection's parser hands them."""
     buf: bytearray | memoryview = bytearray(data) if parsers is PURE or not guard else guarded(data)
-    owner = buf.obj if isinstance(buf, memoryview) else buf
+    into = target(kind, keep_headers)
     calls: list[list[Any]] = []
 
-    def describe(value: object) -> object:
-        if isinstance(value, list):
-            return ["list", [describe(item) for item in value]]
-        if isinstance(value, memoryview):
-            assert value.obj is owner and value.format == "B" and not value.readonly and value.c_contiguous
-            return ("memoryview", value.tobytes())
-        return (type(value).__name__, value)
+    def callback(rows: RowBuffer, *args: object) -> None:
+        assert rows is into.rows
+        calls.append([columns(rows), *((type(arg).__name__, arg) for arg in args)])
 
-    def callback(*args: object) -> None:
-        calls.append([describe(arg) for arg in args])
-
-    handler = handler_maker(parsers, kind)(sid, callback, keep_headers)
+    handler = handler_maker(parsers, kind)(sid, into, callback)
     with memoryview(buf) as view:
         try:
             result: tuple = ("returned", handler(buf, view, pos))
         except Exception as exc:  # compared, not hidden: both must raise the same
             result = ("raised", type(exc), str(exc))
-    return calls, result
+    return calls, result, columns(into.rows)
 
 
 def assert_alike(kind: Kind, data: bytes, positions: list[int] | None = None) -> list[tuple]:
@@ -261,7 +280,7 @@ KINDS = list(GENERATORS)
 def test_generated_runs_are_handed_over_alike_from_every_message(kind, seed):
     data = b"".join(GENERATORS[kind](random.Random(seed), 80))
     seen = assert_alike(kind, data)
-    assert any(calls for calls, _ in seen), "some runs were taken"
+    assert any(calls for calls, *_ in seen), "some runs were taken"
 
 
 @needs_compiled
@@ -305,8 +324,8 @@ def test_empty_payloads_many_subjects_and_pin_ids_in_one_run():
         for seq, subject in enumerate(SUBJECTS, 1)
     )
     seen = assert_alike("deliveries", data, [0])
-    calls, (_, end) = seen[0]
-    assert end == len(data) and len(calls) == 1 and len(calls[0][0][1]) == len(SUBJECTS)
+    calls, (_, end), rows = seen[0]
+    assert end == len(data) and len(calls) == 1 and rows[-2] == [1, *range(1, len(SUBJECTS) + 1)]
 
 
 DELIVERY = b"MSG 1.a 5 $JS.ACK.S.C.1.10.11.1764200000000000000.0 5\r\nhello\r\n"
@@ -464,10 +483,41 @@ def test_valid_runs_with_random_bytes_changed_are_handled_alike(kind):
 
 @needs_compiled
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_number_longer_than_int_converts_raises_the_same_error(kind):
-    data = DELIVERY.replace(b".1.10.", b".1.%b." % LONG) if kind == "deliveries" else edited(b": 3", b": %b" % LONG)
-    (calls, result), *_ = assert_alike(kind, data, [0])
-    assert calls == [] and result[:2] == ("raised", ValueError)
+def test_a_number_that_does_not_fit_in_64_bits_ends_the_run_before_its_message(kind):
+    """Seqs (and deliveries' times) go into an ``array("q")``: one past it, or longer than int() converts, is left to
+    the per-message path, where the reader reports a delivery it cannot read; leading zeros are read as int() reads
+    them."""
+
+    def message(seq: bytes, stamp: bytes = b"1764200000000000000") -> bytes:
+        if kind == "deliveries":
+            return DELIVERY.replace(b".1.10.", b".1.%b." % seq).replace(b".1764200000000000000.", b".%b." % stamp)
+        return edited(b"Nats-Sequence: 3", b"Nats-Sequence: %b" % seq)
+
+    fits = message(b"9223372036854775806") + message(b"00000000000000000000009223372036854775807")
+    for past in (b"9223372036854775808", b"123456789012345678901234567890", LONG):
+        (calls, result, rows), *_ = assert_alike(kind, fits + message(past) + fits, [0])
+        assert result == ("returned", len(fits)) and len(calls) == 1
+        assert rows[-1 if kind == "direct" else -2] == [1, 2**63 - 2, 2**63 - 1]
+    if kind == "deliveries":
+        (calls, result, rows), *_ = assert_alike(kind, message(b"5", b"9223372036854775808"), [0])
+        assert calls == [] and result == ("returned", 0)
+
+
+@needs_compiled
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_seq_not_above_the_one_before_starts_a_run_of_its_own(kind):
+    """Each run ascends (a redelivery, an old request's late reply starts the next run): the readers keep what is new
+    in a run with a bisect."""
+    seqs = (3, 5, 8, 5, 6, 2, 2, 9)
+    if kind == "deliveries":
+        data = b"".join(DELIVERY.replace(b".1.10.", b".1.%d." % seq) for seq in seqs)
+    else:
+        data = b"".join(direct_reply(seq, b"hello", pending=7) for seq in seqs)
+    assert COMPILED is not None
+    seen, rest = parsed(COMPILED, kind, [data])
+    assert (seen, rest) == parsed(PURE, kind, [data])
+    assert [len(run[1][-1 if kind == "direct" else -2]) - 1 for run in seen] == [3, 5, 6, 8]  # rows after each run
+    assert seen[-1][1][-1 if kind == "direct" else -2] == [1, 3, 5, 8, 5, 6, 2, 2, 9]
 
 
 @needs_compiled
@@ -482,7 +532,7 @@ def test_a_callbacks_error_comes_through_alike(kind):
         assert parsers is not None
         buf = bytearray(data)
         with pytest.raises(KeyError, match="the callback's"):
-            handler_maker(parsers, kind)(SID, failing, True)(buf, memoryview(buf), 0)
+            handler_maker(parsers, kind)(SID, target(kind, True), failing)(buf, memoryview(buf), 0)
 
 
 @needs_compiled
@@ -492,7 +542,19 @@ def test_a_position_past_the_buffer_takes_nothing_and_a_negative_one_is_refused(
     assert COMPILED is not None
     buf = bytearray(DELIVERY)
     with pytest.raises(ValueError, match="must not be negative"):  # outside the seam's contract (the pure one wraps)
-        COMPILED.deliveries_handler(SID, print, False)(buf, memoryview(buf), -1)
+        COMPILED.deliveries_handler(SID, target("deliveries", False), print)(buf, memoryview(buf), -1)
+
+
+@needs_compiled
+@pytest.mark.parametrize("kind", KINDS)
+def test_rows_of_another_shape_are_refused(kind):
+    """The compiled handlers append to bytearrays through the buffer protocol: anything else is a TypeError."""
+    assert COMPILED is not None
+    into = target(kind, True)
+    into.rows.payload = b"immutable"  # type: ignore[assignment]
+    buf = bytearray(DELIVERY if kind == "deliveries" else REPLY)
+    with pytest.raises(TypeError, match="appends payload to a bytearray"):
+        handler_maker(COMPILED, kind)(SID, into, print)(buf, memoryview(buf), 0)
 
 
 @pytest.mark.skipif(not GUARDS, reason="guarded memory is made on Linux only")
@@ -527,7 +589,8 @@ def test_a_compiled_handler_and_its_callback_are_collected_in_a_cycle(kind):
             pass
 
     reader = Reader()
-    reader.handler = handler_maker(COMPILED, kind)(SID, reader.callback, False)  # type: ignore[attr-defined]
+    reader.rows = RowBuffer(text_times=kind == "direct")  # type: ignore[attr-defined]
+    reader.handler = handler_maker(COMPILED, kind)(SID, reader, reader.callback)  # type: ignore[attr-defined]
     gone = weakref.ref(reader)
     del reader
     gc.collect()
@@ -544,22 +607,16 @@ class Client:
     def __init__(self, parsers: BulkParsers, kind: Kind) -> None:
         self.seen: list[tuple] = []
         self.raw_handlers = {SID: self.raw}
-        self.bulk_handlers = {SID: handler_maker(parsers, kind)(SID, self.run, True)}
+        self.bulk_handlers = {SID: handler_maker(parsers, kind)(SID, target(kind, True), self.run)}
 
-    def run(self, *args: object) -> None:
-        self.seen.append(("run", *(_plain(arg) for arg in args)))
+    def run(self, rows: RowBuffer, *args: object) -> None:
+        self.seen.append(("run", columns(rows), *args))
 
     def raw(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         self.seen.append(("message", subject, reply, data, headers))
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         self.seen.append(("other", sid, subject, reply, data, headers))
-
-
-def _plain(value: object) -> object:
-    if isinstance(value, list):
-        return [_plain(item) for item in value]
-    return value.tobytes() if isinstance(value, memoryview) else value
 
 
 def parsed(parsers: BulkParsers, kind: Kind, chunks: list[bytes]) -> tuple[list[tuple], bytes]:
@@ -592,8 +649,8 @@ def test_the_log_says_once_which_handlers_parse(monkeypatch, caplog):
     protocol._announce.cache_clear()
     caplog.set_level(logging.INFO, logger=protocol.__name__)
     for _ in range(3):
-        protocol.deliveries_handler(SID, print, False)
-        protocol.direct_replies_handler(SID, print, False)
+        protocol.deliveries_handler(SID, target("deliveries", False), print)
+        protocol.direct_replies_handler(SID, target("direct", False), print)
     said = [record.getMessage() for record in caplog.records if "bulk handlers" in record.getMessage()]
     assert said == [
         f"spark-jetstream parses messages with its {protocol.BULK.name} bulk handlers"

@@ -1,15 +1,17 @@
 /*
- * Compiled twins of the bulk handlers in protocol.py (decision 0029): deliveries_handler_py and
- * direct_replies_handler_py, byte for byte. The pure-Python ones are the reference: for any buffer and position,
- * a handler made here calls its callback with equal arguments (the same types: bytes, memoryview slices of the
- * caller's view, ints, None), returns the same position and raises the same errors (tests/test_speedups.py).
+ * Compiled twins of the bulk handlers in protocol.py (decisions 0029 and 0033): deliveries_handler_py and
+ * direct_replies_handler_py, byte for byte. The pure-Python ones are the reference: for any buffer and position, a
+ * handler made here appends the same bytes and numbers to the target's rows (protocol.Columns), calls its callback
+ * with equal arguments, returns the same position and raises the same errors (tests/test_speedups.py).
  *
  * Each match_* function is the regex of its pure twin written out as a scanner. Python's regexes there are
  * possessive (no backtracking) but for two spots noted below, so each has one way to match; the scanners follow
  * them step by step. Every read of the buffer is checked against its length first: these are bytes from the
- * network. Sizes and numbers from the wire are converted as int() converts them (digits beyond 18 go through
- * int() itself, so its limit on long digit strings raises the same ValueError), and a size larger than a
- * Py_ssize_t counts as larger than any buffer.
+ * network. A run is taken in two steps: the scan notes each message's fields (spans of the buffer, numbers) in
+ * memory of its own, then, still holding the buffer and before any Python code runs, the texts are copied onto the
+ * rows' bytearrays; the buffer is released before the rows' arrays grow and the callback runs. Numbers from the
+ * wire are read as int() reads them (digits beyond what int() always converts go through int() itself), and one
+ * that does not fit in 64 bits ends the run before its message, as in the pure twin.
  *
  * Plain CPython C API, limited to Python 3.11's stable ABI: one wheel per platform serves every CPython >= 3.11.
  */
@@ -18,6 +20,7 @@
 #endif
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <string.h>
 
 typedef struct {
@@ -28,9 +31,9 @@ enum { DELIVERIES, DIRECT_REPLIES };
 
 typedef struct {
     PyObject_HEAD
+    PyObject *target;   /* its rows are appended to (protocol.Target) */
     PyObject *callback; /* deliver (deliveries) or keep (Direct Get replies) */
     int kind;
-    int keep_headers;
     Py_ssize_t sid_len;
     char sid[32]; /* the subscription's id as the protocol line writes it (b"%d" % sid) */
 } Handler;
@@ -99,84 +102,275 @@ run_field(const unsigned char *b, Py_ssize_t n, Py_ssize_t *i, int stops, Span *
 
 /* -- numbers ------------------------------------------------------------------------------------------------- */
 
-#define SHORT_DIGITS 18 /* fewer than 10**18 < 2**63: exact in a long long */
+#define ALWAYS_DIGITS 640 /* sys.int_info.str_digits_check_threshold: int() converts so many digits, any limit */
+#define MAX_DIGITS 19     /* 10**19 - 1 < 2**64: exact in an unsigned long long */
 
-/* int(b[at:at + len]) for a run of ASCII digits: a new reference, or NULL with int()'s error. */
-static PyObject *
-to_int(const unsigned char *b, Span field)
+/* A number from the wire (a run of ASCII digits) as int() reads it, into *value: 1; 0 when it does not fit in a
+ * long long or int() refuses it (more digits than sys.get_int_max_str_digits()): the run ends before its message;
+ * -1 with an error. */
+static int
+to_number(const unsigned char *b, Span field, long long *value)
 {
-    if (field.len <= SHORT_DIGITS) {
-        long long value = 0;
-        for (Py_ssize_t k = 0; k < field.len; k++)
-            value = value * 10 + (b[field.at + k] - '0');
-        return PyLong_FromLongLong(value);
+    if (field.len > ALWAYS_DIGITS) {
+        PyObject *text = PyBytes_FromStringAndSize((const char *)b + field.at, field.len);
+        if (text == NULL)
+            return -1;
+        PyObject *number = PyNumber_Long(text); /* int(bytes) itself: the same value, or the same ValueError */
+        Py_DECREF(text);
+        if (number == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_ValueError))
+                return -1;
+            PyErr_Clear();
+            return 0;
+        }
+        int overflow;
+        *value = PyLong_AsLongLongAndOverflow(number, &overflow);
+        Py_DECREF(number);
+        if (*value == -1 && PyErr_Occurred())
+            return -1;
+        return overflow == 0;
     }
-    PyObject *text = PyBytes_FromStringAndSize((const char *)b + field.at, field.len);
-    if (text == NULL)
-        return NULL;
-    PyObject *value = PyNumber_Long(text); /* int(bytes) itself: the same value, or the same ValueError */
-    Py_DECREF(text);
-    return value;
+    Py_ssize_t k = 0;
+    while (k < field.len && b[field.at + k] == '0')
+        k++; /* leading zeros: int() reads them */
+    if (field.len - k > MAX_DIGITS)
+        return 0;
+    unsigned long long number = 0;
+    for (; k < field.len; k++)
+        number = number * 10 + (unsigned long long)(b[field.at + k] - '0');
+    if (number > (unsigned long long)LLONG_MAX)
+        return 0;
+    *value = (long long)number;
+    return 1;
 }
 
-/* A size from the wire into *size, PY_SSIZE_T_MAX when larger (no buffer is that large): 0, or -1 with int()'s
- * error. */
+/* A size from the wire into *size: 1; 0 when it is larger than any buffer (or int() refuses it); -1 with an error. */
 static int
 to_size(const unsigned char *b, Span field, Py_ssize_t *size)
 {
-    if (field.len <= SHORT_DIGITS) {
-        long long value = 0;
-        for (Py_ssize_t k = 0; k < field.len; k++)
-            value = value * 10 + (b[field.at + k] - '0');
-        *size = value > (long long)PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX : (Py_ssize_t)value;
-        return 0;
-    }
-    PyObject *value = to_int(b, field);
-    if (value == NULL)
-        return -1;
-    *size = PyLong_AsSsize_t(value);
-    Py_DECREF(value);
-    if (*size == -1 && PyErr_Occurred()) { /* OverflowError: digits are never negative */
-        PyErr_Clear();
-        *size = PY_SSIZE_T_MAX;
-    }
-    return 0;
+    long long value;
+    int found = to_number(b, field, &value);
+    if (found <= 0 || value > (long long)PY_SSIZE_T_MAX)
+        return found < 0 ? -1 : 0;
+    *size = (Py_ssize_t)value;
+    return 1;
 }
 
-/* -- list helpers ---------------------------------------------------------------------------------------------- */
+/* -- runs ------------------------------------------------------------------------------------------------------ */
 
-/* Append `item` (a new reference, or NULL after an error) to `list`, consuming it: 0, or -1 with an error. */
-static int
-append_new(PyObject *list, PyObject *item)
+/* What a run keeps of one message: spans of the buffer, and its numbers. */
+typedef struct {
+    Span subject, payload, header, time; /* time: a Direct Get reply's RFC 3339 text */
+    Py_ssize_t header_tail;              /* 2: the block is its span and "\r\n" (a Direct Get reply's own), else 0 */
+    long long seq, stamp;
+} Row;
+
+typedef struct {
+    Row *rows;
+    Py_ssize_t count, capacity;
+} Run;
+
+/* The next message's slot (counted once its fields are all taken: run->count++), or NULL with an error. */
+static Row *
+next_row(Run *run)
 {
-    if (item == NULL)
-        return -1;
-    int failed = PyList_Append(list, item);
-    Py_DECREF(item);
-    return failed;
+    if (run->count == run->capacity) {
+        Py_ssize_t capacity = run->capacity ? 2 * run->capacity : 64;
+        if (run->capacity > PY_SSIZE_T_MAX / 2 / (Py_ssize_t)sizeof(Row)) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        Row *rows = PyMem_Realloc(run->rows, (size_t)capacity * sizeof(Row));
+        if (rows == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        run->rows = rows;
+        run->capacity = capacity;
+    }
+    return &run->rows[run->count];
+}
+
+/* -- the rows a run is appended to (protocol.Columns) ---------------------------------------------------------- */
+
+enum { SUBJECTS, PAYLOADS, HEADERS, TIMES, TEXTS }; /* the columns kept as texts back to back */
+
+typedef struct {
+    PyObject *rows;
+    PyObject *values[TEXTS], *ends[TEXTS]; /* a bytearray and its array("i") of ends; NULL: not kept as text */
+    PyObject *seqs, *stamps;               /* array("q"); stamps NULL: the times are text */
+    Py_ssize_t first;                      /* the run's first row */
+} Columns;
+
+static void
+clear_columns(Columns *c)
+{
+    Py_CLEAR(c->rows);
+    for (int k = 0; k < TEXTS; k++) {
+        Py_CLEAR(c->values[k]);
+        Py_CLEAR(c->ends[k]);
+    }
+    Py_CLEAR(c->seqs);
+    Py_CLEAR(c->stamps);
 }
 
 static PyObject *
-bytes_of(const unsigned char *b, Span field)
+attribute(PyObject *rows, const char *name)
 {
-    return PyBytes_FromStringAndSize((const char *)b + field.at, field.len);
+    return PyObject_GetAttrString(rows, name);
 }
 
-/* Up to `count` new empty lists into lists[]: 0, or -1 with an error (the ones made are freed by the caller). */
+/* A text column named `values` (a bytearray) with its `ends`: 1; 0 when `ends` is None (not kept so); -1 with an
+ * error. */
 static int
-new_lists(PyObject **lists, int count)
+text_column(Columns *c, int column, const char *values, const char *ends)
 {
-    for (int k = 0; k < count; k++)
-        if ((lists[k] = PyList_New(0)) == NULL)
+    c->ends[column] = attribute(c->rows, ends);
+    if (c->ends[column] == NULL)
+        return -1;
+    if (c->ends[column] == Py_None) {
+        Py_CLEAR(c->ends[column]);
+        return 0;
+    }
+    c->values[column] = attribute(c->rows, values);
+    if (c->values[column] == NULL)
+        return -1;
+    if (!PyByteArray_Check(c->values[column])) {
+        PyErr_Format(PyExc_TypeError, "a bulk handler appends %s to a bytearray", values);
+        return -1;
+    }
+    return 1;
+}
+
+/* target.rows and the columns of it a run is appended to (read before the buffer is held: it may run Python code):
+ * 0, or -1 with an error. */
+static int
+get_columns(Handler *h, Columns *c)
+{
+    if ((c->rows = attribute(h->target, "rows")) == NULL)
+        return -1;
+    if (text_column(c, SUBJECTS, "subjects", "subject_ends") <= 0 ||
+        text_column(c, PAYLOADS, "payload", "offsets") <= 0)
+        goto missing;
+    if (text_column(c, HEADERS, "headers", "header_ends") < 0) /* None: no header blocks kept */
+        return -1;
+    if (h->kind == DIRECT_REPLIES) {
+        if (text_column(c, TIMES, "times", "time_ends") <= 0)
+            goto missing;
+    }
+    else if ((c->stamps = attribute(c->rows, "times")) == NULL)
+        return -1;
+    if ((c->seqs = attribute(c->rows, "seqs")) == NULL || (c->first = PyObject_Size(c->seqs)) < 0)
+        return -1;
+    return 0;
+
+missing:
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "a bulk handler appends subjects, payloads and times to texts back to back");
+    return -1;
+}
+
+/* The span of `column` in a row, and how many bytes of "\r\n" follow it there. */
+static Span
+text_of(const Row *row, int column, Py_ssize_t *tail)
+{
+    *tail = column == HEADERS ? row->header_tail : 0;
+    return column == SUBJECTS   ? row->subject
+           : column == PAYLOADS ? row->payload
+           : column == HEADERS  ? row->header
+                                : row->time;
+}
+
+/* Append the run's texts to the columns kept so, each one's end into ends[column * count + k], while the buffer `b`
+ * is held (nothing here runs Python code): 0, or -1 with an error, before anything is appended when a column would
+ * pass INT_MAX bytes (its ends are an array("i")). */
+static int
+append_texts(Columns *c, const unsigned char *b, const Run *run, int *ends)
+{
+    Py_ssize_t base[TEXTS], total[TEXTS], tail;
+
+    for (int column = 0; column < TEXTS; column++) {
+        if (c->values[column] == NULL)
+            continue;
+        base[column] = PyByteArray_Size(c->values[column]);
+        total[column] = 0;
+        if (base[column] > INT_MAX)
+            goto too_large;
+        for (Py_ssize_t k = 0; k < run->count; k++) {
+            Span text = text_of(&run->rows[k], column, &tail);
+            if (text.len > (Py_ssize_t)INT_MAX - base[column] - total[column] - tail) /* all in [0, INT_MAX] */
+                goto too_large;
+            total[column] += text.len + tail;
+        }
+    }
+    for (int column = 0; column < TEXTS; column++) {
+        if (c->values[column] == NULL)
+            continue;
+        if (PyByteArray_Resize(c->values[column], base[column] + total[column]) < 0)
             return -1;
+        char *into = PyByteArray_AsString(c->values[column]);
+        Py_ssize_t at = base[column];
+        for (Py_ssize_t k = 0; k < run->count; k++) {
+            Span text = text_of(&run->rows[k], column, &tail);
+            memcpy(into + at, b + text.at, (size_t)text.len);
+            if (tail)
+                memcpy(into + at + text.len, "\r\n", 2);
+            at += text.len + tail;
+            ends[column * run->count + k] = (int)at;
+        }
+    }
+    return 0;
+
+too_large:
+    PyErr_SetString(PyExc_OverflowError,
+                    "a run would take a record batch's column past 2 GiB (its offsets are 32-bit)"); /* TOO_LARGE */
+    return -1;
+}
+
+/* `array.frombytes(bytes(items))`: 0, or -1 with an error. */
+static int
+extend_array(PyObject *array, const void *items, Py_ssize_t size)
+{
+    PyObject *done = PyObject_CallMethod(array, "frombytes", "y#", (const char *)items, size);
+    if (done == NULL)
+        return -1;
+    Py_DECREF(done);
     return 0;
 }
 
-static void
-clear_lists(PyObject **lists, int count)
+/*
+ * The run's rows onto the columns: the texts while `buffer` is held, then (released: `buffer` is NULL after) the
+ * ends of each text column, the seqs and the ns times where they are numbers. 0, or -1 with an error; `buffer` is
+ * released either way.
+ */
+static int
+append_run(Columns *c, Py_buffer *buffer, const Run *run)
 {
-    for (int k = 0; k < count; k++)
-        Py_CLEAR(lists[k]);
+    Py_ssize_t count = run->count;
+    int *ends = PyMem_Malloc((size_t)count * TEXTS * sizeof(int));
+    long long *numbers = PyMem_Malloc((size_t)count * 2 * sizeof(long long));
+    int failed = ends == NULL || numbers == NULL;
+
+    if (failed)
+        PyErr_NoMemory();
+    else
+        failed = append_texts(c, buffer->buf, run, ends) < 0;
+    PyBuffer_Release(buffer);
+    for (int column = 0; column < TEXTS && !failed; column++)
+        if (c->values[column] != NULL)
+            failed = extend_array(c->ends[column], ends + column * count, count * (Py_ssize_t)sizeof(int)) < 0;
+    if (!failed) {
+        for (Py_ssize_t k = 0; k < count; k++) {
+            numbers[k] = run->rows[k].seq;
+            numbers[count + k] = run->rows[k].stamp;
+        }
+        failed = extend_array(c->seqs, numbers, count * (Py_ssize_t)sizeof(long long)) < 0 ||
+                 (c->stamps != NULL &&
+                  extend_array(c->stamps, numbers + count, count * (Py_ssize_t)sizeof(long long)) < 0);
+    }
+    PyMem_Free(ends);
+    PyMem_Free(numbers);
+    return failed ? -1 : 0;
 }
 
 /* -- deliveries -------------------------------------------------------------------------------------------- */
@@ -240,74 +434,89 @@ match_delivery(const unsigned char *b, Py_ssize_t n, Py_ssize_t i, const Handler
     return 1;
 }
 
-/* deliveries_handler_py's take(): the run of deliveries at `pos` to the callback; the position after it. */
+/* Take a field with `call` (to_number, to_size): on to the next step when it is taken; the run ends before this
+ * message when it cannot be (0); -1 is an error. */
+#define TAKE(call)                  \
+    do {                            \
+        int taken_ = (call);        \
+        if (taken_ < 0)             \
+            goto scan_error;        \
+        if (taken_ == 0)            \
+            goto scanned;           \
+    } while (0)
+
+/* deliveries_handler_py's take(): the run of deliveries at `pos` onto the target's rows, then the callback; the
+ * position after the run. */
 static PyObject *
-take_deliveries(Handler *h, PyObject *buffer_object, PyObject *view, Py_ssize_t pos)
+take_deliveries(Handler *h, PyObject *buffer_object, Py_ssize_t pos)
 {
-    enum { SUBJECTS, PAYLOADS, SEQS, STAMPS, HEADERS, LISTS };
-    PyObject *lists[LISTS] = {NULL};
-    Py_ssize_t count = 0, drained = -1;
+    Columns c = {0};
+    Run run = {0};
+    Py_ssize_t drained = -1;
+    long long prior = -1;
+    PyObject *header = NULL, *result = NULL;
     Py_buffer buffer;
     Delivery d;
 
-    if (PyObject_GetBuffer(buffer_object, &buffer, PyBUF_SIMPLE) < 0)
-        return NULL;
+    if (get_columns(h, &c) < 0 || PyObject_GetBuffer(buffer_object, &buffer, PyBUF_SIMPLE) < 0)
+        goto done;
     const unsigned char *b = buffer.buf;
     Py_ssize_t size = buffer.len;
 
     while (pos < size && match_delivery(b, size, pos, h, &d)) {
-        Py_ssize_t total, header_size = 0, start = d.body, payload_start = d.body;
+        Py_ssize_t total, header_size = 0, start = d.body;
         int headed = b[pos] == 'H';
+        Row *row = next_row(&run);
 
-        if (to_size(b, d.total, &total) < 0)
-            goto error;
+        if (row == NULL)
+            goto scan_error;
+        TAKE(to_size(b, d.total, &total));
         if (total > size - start - 2 || (d.header_size.len > 0) != headed)
             break; /* not all here yet, or malformed (the parser reports it) */
-        if (headed) {
-            if (to_size(b, d.header_size, &header_size) < 0)
-                goto error;
-            if (header_size > total)
-                break;
-            payload_start = start + header_size;
-        }
-        if (count == 0 && new_lists(lists, LISTS) < 0)
-            goto error;
-        if (h->keep_headers || (headed && PyList_Size(lists[HEADERS]) == 0)) {
-            PyObject *block = headed ? PySequence_GetSlice(view, start, payload_start) : Py_NewRef(Py_None);
-            if (append_new(lists[HEADERS], block) < 0)
-                goto error;
-        }
-        if (append_new(lists[SUBJECTS], bytes_of(b, d.subject)) < 0 ||
-            append_new(lists[PAYLOADS], PySequence_GetSlice(view, payload_start, start + total)) < 0 ||
-            append_new(lists[SEQS], to_int(b, d.seq)) < 0 || append_new(lists[STAMPS], to_int(b, d.stamp)) < 0)
-            goto error;
+        if (headed)
+            TAKE(to_size(b, d.header_size, &header_size));
+        if (header_size > total)
+            break;
+        TAKE(to_number(b, d.seq, &row->seq));
+        TAKE(to_number(b, d.stamp, &row->stamp));
+        if (row->seq <= prior)
+            break; /* a redelivery starts a run of its own: each run ascends */
+        row->subject = d.subject;
+        row->header = (Span){start, header_size}; /* empty for a MSG */
+        row->header_tail = 0;
+        row->payload = (Span){start + header_size, total - header_size};
+        if (headed && header == NULL &&
+            (header = PyBytes_FromStringAndSize((const char *)b + start, header_size)) == NULL)
+            goto scan_error;
         if (drained < 0 && d.pending.len == 1 && b[d.pending.at] == '0')
-            drained = count; /* the server counted nothing more pending after this one */
-        count++;
+            drained = run.count; /* the server counted nothing more pending after this one */
+        prior = row->seq;
+        run.count++;
         pos = start + total + 2;
     }
-    PyBuffer_Release(&buffer);
-    if (count) {
-        if (PyList_Size(lists[HEADERS]) == 0 && append_new(lists[HEADERS], Py_NewRef(Py_None)) < 0)
-            goto released;
-        PyObject *taken = PyLong_FromSsize_t(drained >= 0 ? drained : count);
-        if (taken == NULL)
-            goto released;
-        PyObject *result = PyObject_CallFunctionObjArgs(h->callback, lists[SUBJECTS], lists[PAYLOADS], lists[SEQS],
-                                                        lists[STAMPS], lists[HEADERS], taken, NULL);
-        Py_DECREF(taken);
-        if (result == NULL)
-            goto released;
-        Py_DECREF(result);
+scanned:
+    if (run.count == 0) {
+        PyBuffer_Release(&buffer);
+        result = PyLong_FromSsize_t(pos);
+        goto done;
     }
-    clear_lists(lists, LISTS);
-    return PyLong_FromSsize_t(pos);
+    if (append_run(&c, &buffer, &run) < 0) /* releases the buffer */
+        goto done;
+    result = PyObject_CallFunction(h->callback, "OnOn", c.rows, c.first, header ? header : Py_None,
+                                   drained >= 0 ? drained : run.count);
+    if (result != NULL) {
+        Py_DECREF(result);
+        result = PyLong_FromSsize_t(pos);
+    }
+    goto done;
 
-error:
+scan_error:
     PyBuffer_Release(&buffer);
-released:
-    clear_lists(lists, LISTS);
-    return NULL;
+done:
+    Py_XDECREF(header);
+    clear_columns(&c);
+    PyMem_Free(run.rows);
+    return result;
 }
 
 /* -- Direct Get replies ---------------------------------------------------------------------------------------- */
@@ -387,91 +596,76 @@ match_direct(const unsigned char *b, Py_ssize_t n, Py_ssize_t i, const Handler *
     }
 }
 
-/* The message's own header block of a reply, as the pure handler cuts it: None when it had none. */
+/* direct_replies_handler_py's take(): the run of replies at `pos` onto the target's rows, then the callback; the
+ * position after the run. */
 static PyObject *
-own_headers(const unsigned char *b, const Reply *r)
+take_direct_replies(Handler *h, PyObject *buffer_object, Py_ssize_t pos)
 {
-    Py_ssize_t len = r->own_end - r->start; /* "NATS/1.0\r\n" and its own lines: at least 10 bytes */
-    if (len <= (Py_ssize_t)sizeof("NATS/1.0\r\n") - 1)
-        return Py_NewRef(Py_None);
-    PyObject *block = PyBytes_FromStringAndSize(NULL, len + 2);
-    if (block == NULL)
-        return NULL;
-    char *text = PyBytes_AsString(block);
-    memcpy(text, b + r->start, (size_t)len);
-    memcpy(text + len, "\r\n", 2);
-    return block;
-}
-
-/* direct_replies_handler_py's take(): the run of replies at `pos` to the callback; the position after it. */
-static PyObject *
-take_direct_replies(Handler *h, PyObject *buffer_object, PyObject *view, Py_ssize_t pos)
-{
-    enum { SUBJECTS, PAYLOADS, SEQS, STAMPS, HEADERS, LISTS };
-    PyObject *lists[LISTS] = {NULL};
-    Py_ssize_t count = 0;
+    Columns c = {0};
+    Run run = {0};
     Span pending = {0, 0};
-    PyObject *pending_text = NULL;
+    long long prior = -1;
+    PyObject *pending_text = NULL, *result = NULL;
     Py_buffer buffer;
     Reply r;
 
-    if (PyObject_GetBuffer(buffer_object, &buffer, PyBUF_SIMPLE) < 0)
-        return NULL;
+    if (get_columns(h, &c) < 0 || PyObject_GetBuffer(buffer_object, &buffer, PyBUF_SIMPLE) < 0)
+        goto done;
     const unsigned char *b = buffer.buf;
     Py_ssize_t size = buffer.len;
 
     while (pos < size && match_direct(b, size, pos, h, &r)) {
-        Py_ssize_t total, header_size;
+        Py_ssize_t total, header_size, own = r.own_end - r.start; /* "NATS/1.0\r\n" and its own lines: >= 10 */
+        Row *row = next_row(&run);
 
-        if (to_size(b, r.total, &total) < 0 || to_size(b, r.header_size, &header_size) < 0)
-            goto error;
+        if (row == NULL)
+            goto scan_error;
+        TAKE(to_size(b, r.total, &total));
+        TAKE(to_size(b, r.header_size, &header_size));
         if (header_size != r.header_end - r.start || total < header_size || total > size - r.start - 2 ||
             b[r.start + total] != '\r')
             break; /* sizes that disagree with the block (the per-message path reads by sizes), or not all here */
-        if (count == 0 && new_lists(lists, LISTS) < 0)
-            goto error;
-        /* a seq of up to 18 digits is its int now; a longer one stays text until the run is over, as the pure
-         * handler converts them all then (int()'s error on a too long one comes after the run's other errors) */
-        PyObject *seq = r.seq.len <= SHORT_DIGITS ? to_int(b, r.seq) : bytes_of(b, r.seq);
-        if (append_new(lists[SUBJECTS], bytes_of(b, r.subject)) < 0 ||
-            append_new(lists[PAYLOADS], PySequence_GetSlice(view, r.header_end, r.start + total)) < 0 ||
-            append_new(lists[SEQS], seq) < 0 || append_new(lists[STAMPS], bytes_of(b, r.stamp)) < 0)
-            goto error;
-        if (h->keep_headers && append_new(lists[HEADERS], own_headers(b, &r)) < 0)
-            goto error;
+        TAKE(to_number(b, r.seq, &row->seq));
+        if (row->seq <= prior)
+            break;
+        row->subject = r.subject;
+        row->payload = (Span){r.header_end, r.start + total - r.header_end};
+        row->time = r.stamp;
+        row->stamp = 0;
+        /* the message's own headers, what comes before the server's, ended by a blank line (empty: it had none) */
+        int had = own > (Py_ssize_t)sizeof("NATS/1.0\r\n") - 1;
+        row->header = (Span){r.start, had ? own : 0};
+        row->header_tail = had ? 2 : 0;
         pending = r.pending;
-        count++;
+        prior = row->seq;
+        run.count++;
         pos = r.start + total + 2;
     }
-    if (count && pending.len > 0 && (pending_text = bytes_of(b, pending)) == NULL)
-        goto error;
-    PyBuffer_Release(&buffer);
-    if (count) {
-        for (Py_ssize_t k = 0; k < count; k++) { /* list(map(int, seqs)) */
-            PyObject *seq = PyList_GetItem(lists[SEQS], k);
-            if (PyBytes_Check(seq)) {
-                PyObject *value = PyNumber_Long(seq);
-                if (value == NULL || PyList_SetItem(lists[SEQS], k, value) < 0)
-                    goto released;
-            }
-        }
-        PyObject *result = PyObject_CallFunctionObjArgs(
-            h->callback, lists[SUBJECTS], lists[PAYLOADS], lists[SEQS], lists[STAMPS],
-            h->keep_headers ? lists[HEADERS] : Py_None, pending_text ? pending_text : Py_None, NULL);
-        if (result == NULL)
-            goto released;
-        Py_DECREF(result);
+scanned:
+    if (run.count == 0) {
+        PyBuffer_Release(&buffer);
+        result = PyLong_FromSsize_t(pos);
+        goto done;
     }
-    Py_XDECREF(pending_text);
-    clear_lists(lists, LISTS);
-    return PyLong_FromSsize_t(pos);
+    if (pending.len > 0 &&
+        (pending_text = PyBytes_FromStringAndSize((const char *)b + pending.at, pending.len)) == NULL)
+        goto scan_error;
+    if (append_run(&c, &buffer, &run) < 0) /* releases the buffer */
+        goto done;
+    result = PyObject_CallFunction(h->callback, "OnO", c.rows, c.first, pending_text ? pending_text : Py_None);
+    if (result != NULL) {
+        Py_DECREF(result);
+        result = PyLong_FromSsize_t(pos);
+    }
+    goto done;
 
-error:
+scan_error:
     PyBuffer_Release(&buffer);
-released:
+done:
     Py_XDECREF(pending_text);
-    clear_lists(lists, LISTS);
-    return NULL;
+    clear_columns(&c);
+    PyMem_Free(run.rows);
+    return result;
 }
 
 /* -- the handler type ---------------------------------------------------------------------------------------- */
@@ -486,8 +680,9 @@ handler_call(PyObject *self, PyObject *args, PyObject *kwargs)
 
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOn:take", names, &buffer_object, &view, &pos))
         return NULL;
-    if (h->callback == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "a bulk handler without its callback");
+    (void)view; /* the seam's: the pure twins slice it */
+    if (h->callback == NULL || h->target == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a bulk handler without its target or callback");
         return NULL;
     }
     if (pos < 0) { /* outside the seam's contract: a position of a line in the buffer */
@@ -495,13 +690,14 @@ handler_call(PyObject *self, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     if (h->kind == DELIVERIES)
-        return take_deliveries(h, buffer_object, view, pos);
-    return take_direct_replies(h, buffer_object, view, pos);
+        return take_deliveries(h, buffer_object, pos);
+    return take_direct_replies(h, buffer_object, pos);
 }
 
 static int
 handler_traverse(PyObject *self, visitproc visit, void *arg)
 {
+    Py_VISIT(((Handler *)self)->target);
     Py_VISIT(((Handler *)self)->callback);
     Py_VISIT(Py_TYPE(self)); /* a heap type: its instances hold it */
     return 0;
@@ -510,6 +706,7 @@ handler_traverse(PyObject *self, visitproc visit, void *arg)
 static int
 handler_clear(PyObject *self)
 {
+    Py_CLEAR(((Handler *)self)->target);
     Py_CLEAR(((Handler *)self)->callback);
     return 0;
 }
@@ -546,18 +743,17 @@ static PyObject *
 new_handler(int kind, PyObject *args, PyObject *kwargs, char **names, const char *format)
 {
     long long sid;
-    PyObject *callback;
-    int keep_headers;
+    PyObject *target, *callback;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, format, names, &sid, &callback, &keep_headers))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, format, names, &sid, &target, &callback))
         return NULL;
     allocfunc alloc = (allocfunc)PyType_GetSlot((PyTypeObject *)handler_type, Py_tp_alloc);
     Handler *h = (Handler *)alloc((PyTypeObject *)handler_type, 0);
     if (h == NULL)
         return NULL;
     h->kind = kind;
-    h->keep_headers = keep_headers;
     h->sid_len = PyOS_snprintf(h->sid, sizeof(h->sid), "%lld", sid);
+    h->target = Py_NewRef(target);
     h->callback = Py_NewRef(callback);
     return (PyObject *)h;
 }
@@ -565,24 +761,24 @@ new_handler(int kind, PyObject *args, PyObject *kwargs, char **names, const char
 static PyObject *
 deliveries_handler(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *names[] = {"sid", "deliver", "keep_headers", NULL};
+    static char *names[] = {"sid", "target", "deliver", NULL};
     (void)module;
-    return new_handler(DELIVERIES, args, kwargs, names, "LOp:deliveries_handler");
+    return new_handler(DELIVERIES, args, kwargs, names, "LOO:deliveries_handler");
 }
 
 static PyObject *
 direct_replies_handler(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *names[] = {"sid", "keep", "keep_headers", NULL};
+    static char *names[] = {"sid", "target", "keep", NULL};
     (void)module;
-    return new_handler(DIRECT_REPLIES, args, kwargs, names, "LOp:direct_replies_handler");
+    return new_handler(DIRECT_REPLIES, args, kwargs, names, "LOO:direct_replies_handler");
 }
 
 static PyMethodDef methods[] = {
     {"deliveries_handler", (PyCFunction)(void (*)(void))deliveries_handler, METH_VARARGS | METH_KEYWORDS,
-     "deliveries_handler(sid, deliver, keep_headers): protocol.deliveries_handler_py, compiled."},
+     "deliveries_handler(sid, target, deliver): protocol.deliveries_handler_py, compiled."},
     {"direct_replies_handler", (PyCFunction)(void (*)(void))direct_replies_handler, METH_VARARGS | METH_KEYWORDS,
-     "direct_replies_handler(sid, keep, keep_headers): protocol.direct_replies_handler_py, compiled."},
+     "direct_replies_handler(sid, target, keep): protocol.direct_replies_handler_py, compiled."},
     {NULL, NULL, 0, NULL},
 };
 

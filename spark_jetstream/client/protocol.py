@@ -14,8 +14,9 @@ What a bulk handler leaves (a status, an error) goes to the subscription's per-m
 
 The bulk handlers of the readers' hot paths (``deliveries_handler``, ``direct_replies_handler``) exist twice: in pure
 Python here (the reference, always there) and compiled (``_speedups.c``, built at install where a C compiler is), which
-is used when it imports and ``SPARK_JETSTREAM_NO_EXTENSIONS`` is not set (decision 0029). Both hand their callbacks
-the same arguments and stop at the same place, for any bytes (``tests/test_speedups.py``).
+is used when it imports and ``SPARK_JETSTREAM_NO_EXTENSIONS`` is not set (decision 0029). They append each run straight
+to the buffers of the rows' columns (``Columns``), no object per message (decision 0033). Both append the same bytes,
+hand their callbacks the same arguments and stop at the same place, for any bytes (``tests/test_speedups.py``).
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from __future__ import annotations
 import logging
 import os
 import re
+from array import array
 from collections.abc import Callable
 from functools import cache
-from typing import NamedTuple
+from itertools import accumulate, islice
+from typing import NamedTuple, Protocol
 
 from nats.errors import ProtocolError
 from nats.protocol.parser import AWAITING_CONTROL_LINE, Parser
@@ -172,12 +175,61 @@ JS_ACK_PREFIX = b"$JS.ACK."
 """How a JetStream delivery's reply subject starts: ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.
 <pending>``, or the 11+ token form with domain and account hash after ``$JS.ACK.``."""
 
-Deliver = Callable[[list[bytes], list[memoryview], list[int], list[int], "list[memoryview | None]", int], None]
-"""``deliver(subjects, payloads, seqs, stamps_ns, headers, drained)`` for a run of deliveries: ``headers`` their header
-blocks (None for one without) where kept, else only the run's first block; ``drained`` the index of the first the
-server counted nothing more pending after (``len(seqs)``: none)."""
+
+class Columns(Protocol):
+    """Where a bulk handler appends the rows of a run: the buffers of a batch's columns (``read.rows.RowBuffer``),
+    texts back to back in a ``bytearray`` with each one's end in an ``array("i")``, numbers in an ``array("q")``. A
+    buffer whose ``header_ends`` is None keeps no header blocks; one whose ``time_ends`` is None keeps times as ns
+    (deliveries), else as RFC 3339 text (Direct Get replies)."""
+
+    subjects: bytearray
+    subject_ends: array
+    payload: bytearray
+    offsets: array
+    seqs: array
+    times: array | bytearray
+    time_ends: array | None
+    headers: bytearray | None
+    header_ends: array | None
+
+
+class Target(Protocol):
+    """What a bulk handler appends to: its ``rows``, read at each call (``read.rows.RowBatches``)."""
+
+    rows: Columns
+
+
+Deliver = Callable[[Columns, int, "bytes | None", int], None]
+"""``deliver(rows, first, header, drained)`` after a run of deliveries was appended to ``rows`` from row ``first`` on,
+seqs ascending: ``header`` the run's first header block (the pin id is in it; None: none had one), ``drained`` the
+index in the run of the first the server counted nothing more pending after (the run's length: none)."""
+
+Keep = Callable[[Columns, int, "bytes | None"], None]
+"""``keep(rows, first, pending)`` after a run of Direct Get replies was appended to ``rows`` from row ``first`` on, seqs
+ascending: ``pending`` the last one's ``Nats-Num-Pending`` (None: the server sent none)."""
+
+TOO_LARGE = "a run would take a record batch's column past 2 GiB (its offsets are 32-bit)"
+_MAX_SEQ = 2**63 - 1
+"""The largest seq or time a run holds (an ``array("q")``): a delivery with a larger one ends the run before it."""
 
 _TOKEN = rb"[^ .\r\n]++"
+
+
+def _append(texts: list[tuple[bytearray, array, list]], numbers: list[tuple[array, list[int]]]) -> None:
+    """A run's columns onto a ``Columns``: each text column's pieces back to back onto its values and each one's end
+    onto its ends (none appended when an end is past what 32-bit ends hold), then the numbers."""
+    counts = [len(ends) for _, ends, _ in texts]
+    try:
+        for values, ends, pieces in texts:
+            ends.extend(islice(accumulate(map(len, pieces), initial=len(values)), 1, None))
+    except OverflowError:  # an array("i") refuses an end past 2**31 - 1
+        for (_, ends, _), count in zip(texts, counts, strict=True):
+            del ends[count:]
+        raise OverflowError(TOO_LARGE) from None
+    for values, _, pieces in texts:
+        values += b"".join(pieces)
+    for values, items in numbers:
+        values.extend(items)
 
 
 def _delivery_patterns(sid: int) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
@@ -195,45 +247,61 @@ def _delivery_patterns(sid: int) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
     )
 
 
-def deliveries_handler_py(sid: int, deliver: Deliver, keep_headers: bool) -> BulkHandler:
+def deliveries_handler_py(sid: int, target: Target, deliver: Deliver) -> BulkHandler:
     """The bulk handler of a pull inbox: runs of JetStream deliveries parsed straight from the read buffer, one
-    regex match each, handed to ``deliver`` as one run (the hot path of both consumer readers: decision 0011). It
-    stops at anything that is not a delivery to subscription ``sid`` (a status goes to the per-message handler) and
-    at a message not yet complete. Without ``keep_headers`` only the run's first header block is passed (the pin
-    id is in it). The pure-Python implementation: ``deliveries_handler`` is this or its compiled twin."""
+    regex match each, appended to ``target.rows`` and handed to ``deliver`` as one run (the hot path of both
+    consumer readers: decisions 0011 and 0033). It stops at anything that is not a delivery to subscription ``sid``
+    (a status goes to the per-message handler), at a message not yet complete, and before a delivery whose seq is
+    not above the one before it (a redelivery starts a run of its own: each run ascends) or whose seq or time does
+    not fit in 64 bits. Header blocks are kept where the rows keep them. The pure-Python implementation:
+    ``deliveries_handler`` is this or its compiled twin."""
     usual, other = (pattern.match for pattern in _delivery_patterns(sid))
 
     def take(buf: bytearray, view: memoryview, pos: int) -> int:
         size = len(buf)
+        rows = target.rows
+        keep_headers = rows.header_ends is not None
         subjects: list[bytes] = []
         payloads: list[memoryview] = []
         seqs: list[int] = []
         stamps: list[int] = []
-        headers: list[memoryview | None] = []
+        blocks: list[memoryview] = []
+        header = None
         drained = -1
-        while (found := usual(buf, pos) or other(buf, pos)) is not None:
-            subject, seq, stamp, pending, header_size, total = found.groups()
-            start = found.end()
-            end = start + int(total)
-            headed = buf[pos] == 72  # HMSG
-            if end + 2 > size or (header_size is None) == headed:
-                break  # not all here yet, or malformed (the parser reports it)
-            payload_start = start + int(header_size) if headed else start
-            if payload_start > end:
-                break
-            if keep_headers or (headed and not headers):
-                headers.append(view[start:payload_start] if headed else None)
-            subjects.append(subject)
-            payloads.append(view[payload_start:end])
-            seqs.append(int(seq))
-            stamps.append(int(stamp))
-            if pending == b"0" and drained < 0:
-                drained = len(seqs) - 1
-            pos = end + 2
+        prior = -1
+        try:
+            while (found := usual(buf, pos) or other(buf, pos)) is not None:
+                subject, seq_text, stamp_text, pending, header_size, total = found.groups()
+                start = found.end()
+                end = start + int(total)
+                headed = buf[pos] == 72  # HMSG
+                if end + 2 > size or (header_size is None) == headed:
+                    break  # not all here yet, or malformed (the parser reports it)
+                payload_start = start + int(header_size) if headed else start
+                seq, stamp = int(seq_text), int(stamp_text)
+                if payload_start > end or not prior < seq <= _MAX_SEQ >= stamp:
+                    break
+                if headed and header is None:
+                    header = bytes(view[start:payload_start])
+                if keep_headers:
+                    blocks.append(view[start:payload_start])
+                subjects.append(subject)
+                payloads.append(view[payload_start:end])
+                seqs.append(seq)
+                stamps.append(stamp)
+                if pending == b"0" and drained < 0:
+                    drained = len(seqs) - 1
+                prior = seq
+                pos = end + 2
+        except ValueError:  # a number longer than int() converts: the run ends before its delivery
+            pass
         if seqs:
-            if not keep_headers:
-                headers = headers[:1] if headers else [None]
-            deliver(subjects, payloads, seqs, stamps, headers, drained if drained >= 0 else len(seqs))
+            first = len(rows.seqs)
+            texts = [(rows.subjects, rows.subject_ends, subjects), (rows.payload, rows.offsets, payloads)]
+            if keep_headers:
+                texts.append((rows.headers, rows.header_ends, blocks))  # type: ignore[arg-type]
+            _append(texts, [(rows.seqs, seqs), (rows.times, stamps)])  # type: ignore[list-item]
+            deliver(rows, first, header, drained if drained >= 0 else len(seqs))
         return pos
 
     return take
@@ -252,48 +320,59 @@ _DIRECT_REPLY = (
 then the server's headers after the message's own; the blank line that ends a header block can only be its end. A
 reply it does not match exactly goes to the per-message handler."""
 
-Keep = Callable[
-    [list[bytes], list[memoryview], list[int], list[bytes], "list[bytes | None] | None", "bytes | None"], None
-]
-"""``keep(subjects, payloads, seqs, stamps, headers, pending)`` for a run of Direct Get replies: ``stamps`` their RFC
-3339 times as the server wrote them, ``headers`` (where kept, else None) each one's own header block (None: it had
-none), ``pending`` the last one's ``Nats-Num-Pending`` (None: the server sent none)."""
 
-
-def direct_replies_handler_py(sid: int, keep: Keep, keep_headers: bool) -> BulkHandler:
+def direct_replies_handler_py(sid: int, target: Target, keep: Keep) -> BulkHandler:
     """The bulk handler of a Direct Get inbox: runs of replies parsed straight from the read buffer, one regex match
-    each, handed to ``keep`` as one run (decision 0011). It stops at anything else (a status, a reply it does not
-    recognise, another subscription's message), at a reply not yet complete and at one whose sizes disagree with its
-    header block (the per-message path then has it, by its sizes). The pure-Python implementation:
-    ``direct_replies_handler`` is this or its compiled twin."""
+    each, appended to ``target.rows`` (times as the server's RFC 3339 text; where the rows keep header blocks, each
+    reply's own) and handed to ``keep`` as one run (decisions 0011 and 0033). It stops at anything else (a status, a
+    reply it does not recognise, another subscription's message), at a reply not yet complete, at one whose sizes
+    disagree with its header block (the per-message path then has it, by its sizes) and before one whose seq is not
+    above the one before it or does not fit in 64 bits. The pure-Python implementation: ``direct_replies_handler``
+    is this or its compiled twin."""
     match = re.compile(_DIRECT_REPLY % sid).match
     no_headers = len(HEADER_START)  # a block up to the server's headers this long: the message had none
 
     def take(buf: bytearray, view: memoryview, pos: int) -> int:
         size = len(buf)
+        rows = target.rows
+        keep_headers = rows.header_ends is not None
         subjects: list[bytes] = []
         payloads: list[memoryview] = []
-        seqs: list[bytes] = []
+        seqs: list[int] = []
         stamps: list[bytes] = []
-        headers: list[bytes | None] = []
+        blocks: list[bytes] = []
         pending = None
-        while (found := match(buf, pos)) is not None:
-            header_size, total, subject, seq, stamp, last_pending = found.groups()
-            start, header_end = found.end(2) + 2, found.end()  # the header block's start and end
-            end = start + int(total)
-            if header_end - start != int(header_size) or end < header_end or end + 2 > size or buf[end] != 13:
-                break  # sizes that disagree with the block (the per-message path reads by sizes), or not all here yet
-            pos = end + 2
-            pending = last_pending
-            subjects.append(subject)
-            payloads.append(view[header_end:end])
-            seqs.append(seq)
-            stamps.append(stamp)
-            if keep_headers:  # the message's own headers: what comes before the server's (None: none)
-                own_end = buf.rfind(DIRECT_HEADERS, start, header_end) + 2
-                headers.append(bytes(view[start:own_end]) + b"\r\n" if own_end > start + no_headers else None)
+        prior = -1
+        try:
+            while (found := match(buf, pos)) is not None:
+                header_size, total, subject, seq_text, stamp, last_pending = found.groups()
+                start, header_end = found.end(2) + 2, found.end()  # the header block's start and end
+                end = start + int(total)
+                if header_end - start != int(header_size) or end < header_end or end + 2 > size or buf[end] != 13:
+                    break  # sizes that disagree with the block (the per-message path reads by sizes), or not all here
+                seq = int(seq_text)
+                if not prior < seq <= _MAX_SEQ:
+                    break
+                pos = end + 2
+                pending = last_pending
+                subjects.append(subject)
+                payloads.append(view[header_end:end])
+                seqs.append(seq)
+                stamps.append(stamp)
+                if keep_headers:  # the message's own headers: what comes before the server's (empty: none)
+                    own_end = buf.rfind(DIRECT_HEADERS, start, header_end) + 2
+                    blocks.append(bytes(view[start:own_end]) + b"\r\n" if own_end > start + no_headers else b"")
+                prior = seq
+        except ValueError:  # a number longer than int() converts: the run ends before its reply
+            pass
         if seqs:
-            keep(subjects, payloads, list(map(int, seqs)), stamps, headers if keep_headers else None, pending)
+            first = len(rows.seqs)
+            texts = [(rows.subjects, rows.subject_ends, subjects), (rows.payload, rows.offsets, payloads)]
+            if keep_headers:
+                texts.append((rows.headers, rows.header_ends, blocks))  # type: ignore[arg-type]
+            texts.append((rows.times, rows.time_ends, stamps))  # type: ignore[arg-type]
+            _append(texts, [(rows.seqs, seqs)])
+            keep(rows, first, pending)
         return pos
 
     return take
@@ -303,8 +382,8 @@ class BulkParsers(NamedTuple):
     """One implementation of the bulk handlers of the readers' hot paths."""
 
     name: str
-    deliveries_handler: Callable[[int, Deliver, bool], BulkHandler]
-    direct_replies_handler: Callable[[int, Keep, bool], BulkHandler]
+    deliveries_handler: Callable[[int, Target, Deliver], BulkHandler]
+    direct_replies_handler: Callable[[int, Target, Keep], BulkHandler]
 
 
 PURE = BulkParsers("pure-Python", deliveries_handler_py, direct_replies_handler_py)
@@ -341,16 +420,16 @@ def _announce(name: str) -> None:
     log.info("spark-jetstream parses messages with its %s bulk handlers%s", name, why)
 
 
-def deliveries_handler(sid: int, deliver: Deliver, keep_headers: bool) -> BulkHandler:
+def deliveries_handler(sid: int, target: Target, deliver: Deliver) -> BulkHandler:
     """``deliveries_handler_py``'s handler, compiled or pure (``BULK``)."""
     _announce(BULK.name)
-    return BULK.deliveries_handler(sid, deliver, keep_headers)
+    return BULK.deliveries_handler(sid, target, deliver)
 
 
-def direct_replies_handler(sid: int, keep: Keep, keep_headers: bool) -> BulkHandler:
+def direct_replies_handler(sid: int, target: Target, keep: Keep) -> BulkHandler:
     """``direct_replies_handler_py``'s handler, compiled or pure (``BULK``)."""
     _announce(BULK.name)
-    return BULK.direct_replies_handler(sid, keep, keep_headers)
+    return BULK.direct_replies_handler(sid, target, keep)
 
 
 def unreadable_delivery(what: str, reply: bytes) -> str:

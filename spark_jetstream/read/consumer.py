@@ -34,6 +34,7 @@ from spark_jetstream.client.protocol import (
     JS_ACK_PREFIX,
     STATUS_PREFIX,
     BulkHandler,
+    Columns,
     deliveries_handler,
     status_of,
     unreadable_delivery,
@@ -295,28 +296,21 @@ class _ConsumerRead:
 
     def _bulk(self, sid: int) -> BulkHandler:
         """Bulk handler of the pull inbox (``protocol.deliveries_handler``): deliveries straight into the rows."""
-        return deliveries_handler(sid, self._deliver, self.batches.keep_headers)
+        return deliveries_handler(sid, self.batches, self._deliver)
 
-    def _deliver(
-        self,
-        subjects: list[bytes],
-        payloads: list[memoryview],
-        seqs: list[int],
-        stamps: list[int],
-        headers: list[memoryview | None],
-        drained: int,
-    ) -> None:
-        """A run of deliveries: seqs at or below the last read come from a consumer made before the last recovery;
-        one past the range's end completes it, and so does its last seq."""
-        self._counted(len(seqs))
+    def _deliver(self, rows: Columns, first: int, header: bytes | None, drained: int) -> None:
+        """A run of deliveries appended to the rows from ``first`` on: seqs at or below the last read come from a
+        consumer made before the last recovery; one past the range's end completes it, and so does its last seq."""
+        count = len(rows.seqs) - first
+        self._counted(count)
         if self.done:
+            self.batches.keep(first, first, first)  # none: the range is read
             return
-        self.last, past_end = self.batches.extend_in_order(
-            subjects, payloads, seqs, stamps, headers, self.last, self.range.end
-        )
-        if past_end or self.last >= self.range.end:
+        kept = self.batches.keep_in_order(first, self.last, self.range.end)
+        self.last = kept.last
+        if kept.past_end or self.last >= self.range.end:
             self._finish()
-        elif drained < len(seqs):
+        elif drained < count:
             self.confirm = True  # nothing more right now: the leader says whether that is the end
 
     def _counted(self, taken: int) -> None:

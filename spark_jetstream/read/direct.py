@@ -14,7 +14,6 @@ Rows have the streaming source's schema (``read.rows``).
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import heapq
 import json
@@ -33,6 +32,7 @@ from spark_jetstream.client.protocol import (
     HEADER_START,
     STATUS_PREFIX,
     BulkHandler,
+    Columns,
     direct_replies_handler,
     status_line,
 )
@@ -254,7 +254,7 @@ class _DirectReader:
         """Bulk handler of the Direct Get inbox (``protocol.direct_replies_handler``): takes runs of replies straight
         from the read buffer and keeps each run in one step (decision 0011: the client's CPU is shared with the JVM
         and the server). Statuses, replies it does not recognise and incomplete ones go to ``_on_message``."""
-        return direct_replies_handler(sid, self._keep, self.range.include_headers)
+        return direct_replies_handler(sid, self.batches, self._keep)
 
     def _on_message(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         """Raw handler of the Direct Get inbox (loop thread, once per message: keep it lean)."""
@@ -272,46 +272,34 @@ class _DirectReader:
             return
         cut = headers.rfind(DIRECT_HEADERS)
         fields = dict(line.split(b": ", 1) for line in headers[cut + 2 : -4].split(b"\r\n"))
-        self._keep(
-            [fields[b"Nats-Subject"]],
-            [data],
-            [int(fields[b"Nats-Sequence"])],
-            [fields[b"Nats-Time-Stamp"]],
-            [headers[:cut] + b"\r\n\r\n" if cut + 2 > _NO_HEADERS else None],
-            fields.get(b"Nats-Num-Pending"),
+        rows = self.batches.rows
+        first = len(rows)
+        rows.add(
+            fields[b"Nats-Subject"],
+            data,
+            int(fields[b"Nats-Sequence"]),
+            fields[b"Nats-Time-Stamp"],
+            headers[:cut] + b"\r\n\r\n" if cut + 2 > _NO_HEADERS else None,
         )
+        self._keep(rows, first, fields.get(b"Nats-Num-Pending"))
 
-    def _keep(
-        self,
-        subjects: list[bytes],
-        payloads: list[bytes] | list[memoryview],
-        seqs: list[int],
-        stamps: list[bytes],
-        headers: list[bytes | None] | None,
-        pending: bytes | None,
-    ) -> None:
-        """A run of replies (seqs ascending) into the rows, whichever path parsed it (loop thread): seqs already
-        read are skipped, and one past the range ends it (this filter has nothing more in it). ``pending``: the
-        last reply's count of matching messages after it."""
+    def _keep(self, rows: Columns, first: int, pending: bytes | None) -> None:
+        """A run of replies appended to the rows from ``first`` on (seqs ascending), whichever path parsed it (loop
+        thread): seqs already read are left out, and one past the range ends it (this filter has nothing more in
+        it). ``pending``: the last reply's count of matching messages after it."""
         if self.answered_at is None:
             self.answered_at = time.monotonic()
         if self.done:
+            self.batches.keep(first, first, first)  # none: the range is read
             return
-        first, stop = bisect.bisect_right(seqs, self.last), bisect.bisect_right(seqs, self.range.end)
-        if stop < len(seqs):
-            self.done = True
-        if first >= stop:
-            return
-        self.received += stop - first
-        self.pending = int(pending) if pending is not None else -1
-        self.batches.extend(  # the time as RFC 3339 text, parsed per batch
-            subjects[first:stop],
-            payloads[first:stop],
-            seqs[first:stop],
-            stamps[first:stop],
-            headers[first:stop] if headers is not None else None,
-        )
-        self.last = seqs[stop - 1]
+        kept = self.batches.keep_in_order(
+            first, self.last, self.range.end
+        )  # the time as RFC 3339 text, parsed per batch
+        self.done = kept.past_end
+        if kept.count:
+            self.received += kept.count
+            self.pending = int(pending) if pending is not None else -1
+            self.last = kept.last
 
     async def _leader_has_more(self) -> bool:
         """Whether the stream leader holds a matching message in ``(last, end]`` (read-after-write)."""

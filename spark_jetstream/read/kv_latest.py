@@ -40,6 +40,7 @@ import asyncio
 import base64
 import bisect
 import json
+import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime
@@ -49,11 +50,12 @@ import pyarrow as pa
 
 from spark_jetstream.client import messages
 from spark_jetstream.client.connection import Connection
-from spark_jetstream.client.protocol import STATUS_PREFIX, status_of
+from spark_jetstream.client.protocol import STATUS_PREFIX, Columns, status_of
 from spark_jetstream.errors import ReaderError
 from spark_jetstream.read.consumer import _NS, _ConsumerRead, read_by_consumer
 from spark_jetstream.read.kv import key_prefix
 from spark_jetstream.read.ranges import SeqRange
+from spark_jetstream.read.rows import texts
 
 LAST_PER_KEY = "last-per-key"
 """``SeqRange.read_mode`` of a range read here."""
@@ -253,39 +255,30 @@ class _LatestRead(_ConsumerRead):
             return
         super()._on_message(subject, reply, data, headers)
 
-    def _deliver(
-        self,
-        subjects: list[bytes],
-        payloads: list[memoryview],
-        seqs: list[int],
-        stamps: list[int],
-        headers: list[memoryview | None],
-        drained: int,
-    ) -> None:
-        """A run of deliveries, in seq order (the keys' last revisions, then newer messages): rows up to the bound,
-        keys changed after it to read from the leader, and the end of the read at a delivery past ``L1``."""
-        self._counted(len(seqs))
+    def _deliver(self, rows: Columns, first: int, header: bytes | None, drained: int) -> None:
+        """A run of deliveries appended to the rows from ``first`` on, in seq order (the keys' last revisions, then
+        newer messages): rows up to the bound, keys changed after it to read from the leader, and the end of the read
+        at a delivery past ``L1``."""
+        seqs, offsets = rows.seqs, rows.offsets
+        self._counted(len(seqs) - first)
         if self.done or self.confirm or self.after is None:
+            self.batches.keep(first, first, first)  # none
             return
-        self.largest = max(self.largest, *map(len, payloads))
-        start, end = self.range.start, self.range.end
-        first_row = bisect.bisect_right(seqs, start)
-        past_rows = bisect.bisect_right(seqs, end)
-        past_sure = bisect.bisect_right(seqs, self.before)
-        past_unsure = bisect.bisect_right(seqs, self.after)
-        if self.unsure:
-            self.seen.update(subject for subject in subjects[:past_sure] if subject in self.unsure)
-        self.changed.extend(subjects[past_rows:past_sure])
-        for subject in subjects[past_sure:past_unsure]:
-            if subject not in self.seen:  # its first delivery: the key's last revision when the consumer was made
-                self.seen.add(subject)
-                self.changed.append(subject)
-        if past_rows > first_row:
-            rows = slice(first_row, past_rows)
-            blocks = None
-            if self.batches.keep_headers:
-                blocks = [None if block is None else bytes(block) for block in headers[rows]]
-            self.batches.extend(subjects[rows], payloads[rows], seqs[rows], stamps[rows], blocks)
+        self.largest = max(self.largest, *map(operator.sub, offsets[first + 1 :], offsets[first:-1]))
+        first_row = bisect.bisect_right(seqs, self.range.start, first)
+        past_rows = bisect.bisect_right(seqs, self.range.end, first)
+        past_sure = bisect.bisect_right(seqs, self.before, first)
+        past_unsure = bisect.bisect_right(seqs, self.after, first)
+        if self.unsure or past_rows < past_unsure:  # subjects to look at (rarely)
+            subjects = texts(rows.subjects, rows.subject_ends, first, past_unsure)
+            if self.unsure:
+                self.seen.update(subject for subject in subjects[: past_sure - first] if subject in self.unsure)
+            self.changed.extend(subjects[past_rows - first : past_sure - first])
+            for subject in subjects[past_sure - first :]:
+                if subject not in self.seen:  # its first delivery: the key's last revision when the consumer was made
+                    self.seen.add(subject)
+                    self.changed.append(subject)
         if past_unsure < len(seqs):
             self.confirm = True  # from after the consumer was made: every key's last revision is in
             self.wakeup.set()
+        self.batches.keep(first, first_row, past_rows)

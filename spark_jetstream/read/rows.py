@@ -1,8 +1,8 @@
 """The row schema in Arrow types and building Arrow record batches from read messages.
 
-Messages are collected as raw bytes in plain lists (cheap on the hot path) and turned into
-Arrow columns in one step per batch. Spark requires the first batch's schema to equal the
-declared one exactly: ``string``/``binary`` (not ``large_*``) and ``timestamp[us, UTC]``.
+Messages are collected in the buffers of their Arrow columns (``RowBuffer``, which the bulk handlers append to) and
+turned into Arrow columns in one step per batch. Spark requires the first batch's schema to equal the declared one
+exactly: ``string``/``binary`` (not ``large_*``) and ``timestamp[us, UTC]``.
 
 Columns are built from their buffers, not with ``pa.array``/``pa.scalar``: those import pandas the
 first time they see a Python object (measured with pyarrow 22: ~0.2 s, in every fresh executor
@@ -12,13 +12,12 @@ worker, on the way to the first batch).
 from __future__ import annotations
 
 import bisect
-import operator
 from array import array
 from collections import deque
 from collections.abc import Sequence
 from functools import cache
-from itertools import accumulate, islice
-from typing import TypeVar
+from itertools import accumulate, pairwise
+from typing import NamedTuple
 
 import pyarrow as pa
 
@@ -26,9 +25,7 @@ from spark_jetstream.client.progress_markers import is_marker
 from spark_jetstream.client.protocol import PIN_HEADER_NAME, header_fields
 from spark_jetstream.read.row_schema import columns, spark_schema_ddl
 
-T = TypeVar("T")
-
-__all__ = ["HEADERS_TYPE", "RowBatches", "RowBuffer", "arrow_schema", "parse_headers", "spark_schema_ddl"]
+__all__ = ["HEADERS_TYPE", "RowBatches", "RowBuffer", "arrow_schema", "parse_headers", "spark_schema_ddl", "texts"]
 
 HEADERS_TYPE = pa.map_(pa.string(), pa.list_(pa.string()))
 
@@ -136,25 +133,34 @@ def _split_partition(subjects: pa.Array) -> tuple[pa.Array, pa.Array]:
     return pc.list_element(parts, _FIRST).cast(pa.int32()), pc.list_element(parts, _SECOND)
 
 
-def _append_texts(values: bytearray, ends: array, texts: Sequence[bytes]) -> None:
-    """``texts`` back to back onto ``values``, each one's end onto ``ends``: a binary column's buffers."""
-    ends.extend(islice(accumulate(map(len, texts), initial=len(values)), 1, None))
-    values += b"".join(texts)
+def texts(values: bytearray, ends: array, start: int, stop: int) -> list[bytes]:
+    """Rows ``[start, stop)`` of a column kept as texts back to back (``RowBuffer``), one ``bytes`` each."""
+    return [bytes(values[low:high]) for low, high in pairwise(ends[start : stop + 1])]
 
 
 class RowBuffer:
     """Columns of messages being collected for one record batch, in the buffers of their Arrow columns.
 
-    Payloads are copied straight from the read buffer into one ``bytearray`` (the data column's values buffer), a
-    run's subjects joined onto another and its seqs and times onto ``array``s, so a batch holds each value once, no
-    object per message outlives its run (measured: the record batch is built in half the time), and the Arrow
-    columns are built without a copy. ``text_times``: the times are RFC 3339 text (Direct Get), parsed per batch.
+    The bulk handlers append runs of messages straight from the read buffer (``protocol.Columns``): payloads, subjects
+    and kept header blocks back to back in a ``bytearray`` each with their ends in an ``array``, seqs and times in
+    ``array`` objects. So a batch holds each value once, no object per message is made (decision 0033), and the Arrow
+    columns are built without a copy. ``text_times``: the times are RFC 3339 text (Direct Get), parsed per batch;
+    ``keep_headers``: header blocks are kept (an empty one: the message had none).
     """
 
-    __slots__ = ("headers", "nbytes", "offsets", "payload", "seqs", "subject_ends", "subjects", "time_ends", "times")
+    __slots__ = (
+        "header_ends",
+        "headers",
+        "offsets",
+        "payload",
+        "seqs",
+        "subject_ends",
+        "subjects",
+        "time_ends",
+        "times",
+    )
 
-    def __init__(self, text_times: bool = False) -> None:
-        self.nbytes = 0  # payload and header bytes: what the byte bound counts
+    def __init__(self, text_times: bool = False, keep_headers: bool = False) -> None:
         self.subjects = bytearray()
         self.subject_ends = array("i", [0])  # where each subject ends in ``subjects``
         self.payload = bytearray()
@@ -162,35 +168,75 @@ class RowBuffer:
         self.seqs = array("q")
         self.times: array | bytearray = bytearray() if text_times else array("q")  # ns since the epoch, or the texts
         self.time_ends = array("i", [0]) if text_times else None  # where each time's text ends in ``times``
-        self.headers: list[bytes | None] = []
+        self.headers = bytearray() if keep_headers else None
+        self.header_ends = array("i", [0]) if keep_headers else None  # where each header block ends in ``headers``
 
     def __len__(self) -> int:
         return len(self.seqs)
 
-    def add(self, subject: bytes, data: bytes | memoryview, seq: int, stamp: int | bytes) -> None:
-        self.extend([subject], [data], [len(self.payload) + len(data)], [seq], [stamp])
-        self.nbytes += len(data)
+    def counted(self, rows: int) -> int:
+        """The payload and header bytes of the first ``rows`` rows: what the byte bound counts."""
+        return self.offsets[rows] + (self.header_ends[rows] if self.header_ends is not None else 0)
 
-    def extend(
-        self,
-        subjects: Sequence[bytes],
-        payloads: Sequence[bytes | memoryview],
-        ends: Sequence[int],
-        seqs: Sequence[int],
-        stamps: Sequence,
+    @property
+    def nbytes(self) -> int:
+        """The payload and header bytes of all rows."""
+        return self.counted(len(self.seqs))
+
+    def add(
+        self, subject: bytes, data: bytes | memoryview, seq: int, stamp: int | bytes, headers: bytes | None = None
     ) -> None:
-        """``add`` for each message of a run (``ends``: where each payload ends in ``payload``); the caller counts
-        ``nbytes``."""
-        payload = self.payload
-        self.offsets.extend(ends)
-        for data in payloads:  # straight from the read buffer into the column
-            payload += data
-        _append_texts(self.subjects, self.subject_ends, subjects)
-        self.seqs.extend(seqs)
+        """One message (its header block, or None, is kept where this buffer keeps header blocks)."""
+        self.subjects += subject
+        self.subject_ends.append(len(self.subjects))
+        self.payload += data
+        self.offsets.append(len(self.payload))
+        if self.headers is not None and self.header_ends is not None:
+            self.headers += headers or b""
+            self.header_ends.append(len(self.headers))
+        self.seqs.append(seq)
         if self.time_ends is None:
-            self.times.extend(stamps)  # type: ignore[arg-type]
+            self.times.append(stamp)  # type: ignore[union-attr,arg-type]
         else:
-            _append_texts(self.times, self.time_ends, stamps)  # type: ignore[arg-type]
+            self.times += stamp  # type: ignore[operator]
+            self.time_ends.append(len(self.times))
+
+    def _text_columns(self) -> list[tuple[bytearray, array]]:
+        """The columns kept as texts back to back, (values, ends) each: subjects, payloads, then header blocks and times
+        where they are kept so."""
+        columns = [(self.subjects, self.subject_ends), (self.payload, self.offsets)]
+        columns.append((self.headers, self.header_ends))  # type: ignore[arg-type]
+        columns.append((self.times, self.time_ends))  # type: ignore[arg-type]
+        return [(values, ends) for values, ends in columns if ends is not None]
+
+    def remove(self, start: int, stop: int) -> None:
+        """Rows ``[start, stop)`` out (the ends of the rows after them move back)."""
+        if stop <= start:
+            return
+        for values, ends in self._text_columns():
+            moved = ends[stop] - ends[start]
+            del values[ends[start] : ends[stop]]
+            ends[start + 1 :] = array("i", [end - moved for end in ends[stop + 1 :]])
+        del self.seqs[start:stop]
+        if self.time_ends is None:
+            del self.times[start:stop]
+
+    def cut(self, start: int, stop: int) -> RowBuffer:
+        """Rows ``[start, stop)`` as a buffer of their own."""
+        rows = RowBuffer(self.time_ends is not None, self.header_ends is not None)
+        for (values, ends), (into, into_ends) in zip(self._text_columns(), rows._text_columns(), strict=True):
+            into += values[ends[start] : ends[stop]]
+            into_ends.extend([end - ends[start] for end in ends[start + 1 : stop + 1]])
+        rows.seqs = self.seqs[start:stop]
+        if self.time_ends is None:
+            rows.times = self.times[start:stop]
+        return rows
+
+    def header_blocks(self) -> list[bytes | None]:
+        """Each row's header block (None where it had none, or none are kept)."""
+        if self.header_ends is None or self.headers is None:
+            return [None] * len(self.seqs)
+        return [bytes(self.headers[start:end]) or None for start, end in pairwise(self.header_ends)]
 
     def data_array(self) -> pa.Array:
         """The data column, over ``payload`` itself (no copy): the buffer is done growing once this is built."""
@@ -228,16 +274,29 @@ class RowBuffer:
             partition,
         ]
         if include_headers:
-            columns.append(headers_array(self.headers))
+            columns.append(headers_array(self.header_blocks()))
         batch = pa.RecordBatch.from_arrays(columns, schema=arrow_schema(include_headers))
         return batch if keep is None else batch.filter(keep)
+
+
+class Kept(NamedTuple):
+    """What ``RowBatches.keep_in_order`` kept of a run."""
+
+    last: int
+    """The last seq kept (the one before, when none was)."""
+    count: int
+    past_end: bool
+    """Whether one past the end came (the range is complete; what follows it is not read)."""
 
 
 class RowBatches:
     """Messages collected into record batches of at most ``max_rows`` rows and ``max_bytes`` payload and
     header bytes each: what bounds a reader's memory and the Arrow batches Spark moves through its
     direct memory, whatever the message size. A single message larger than ``max_bytes`` gets a batch
-    of its own. Full batches wait in ``ready`` for the caller."""
+    of its own. Full batches wait in ``ready`` for the caller.
+
+    The bulk handlers append runs to ``rows`` (``protocol.Target``); ``keep`` then says which of the run are rows and
+    cuts the batches."""
 
     __slots__ = ("keep_headers", "max_bytes", "max_rows", "ready", "rows", "text_times")
 
@@ -246,114 +305,70 @@ class RowBatches:
         self.max_bytes = max_bytes
         self.keep_headers = keep_headers
         self.text_times = text_times  # the times come as RFC 3339 text (``RowBuffer``)
-        self.rows = RowBuffer(text_times)
+        self.rows = RowBuffer(text_times, keep_headers)
         self.ready: deque[RowBuffer] = deque()
 
     def add(
         self, subject: bytes, data: bytes | memoryview, seq: int, stamp: int | bytes, headers: bytes | None
     ) -> None:
         """One message (its header block, or None, counts only for a read that keeps headers)."""
-        headers_size = len(headers) if headers is not None and self.keep_headers else 0
+        first = len(self.rows)
+        self.rows.add(subject, data, seq, stamp, headers)
+        self.keep(first, first, first + 1)
+
+    def keep(self, first: int, low: int, high: int) -> None:
+        """Of the rows appended to ``rows`` from ``first`` on, keep ``[low, high)``; then cut the batches the bounds
+        allow, as one message at a time would fill them."""
         rows = self.rows
-        if rows.seqs and rows.nbytes + len(data) + headers_size > self.max_bytes:
-            self.ready.append(rows)
-            rows = self.rows = RowBuffer(self.text_times)
-        rows.add(subject, data, seq, stamp)
-        if self.keep_headers:
-            rows.headers.append(headers)
-            rows.nbytes += headers_size
-        if len(rows.seqs) >= self.max_rows:
-            self.ready.append(rows)
-            self.rows = RowBuffer(self.text_times)
+        rows.remove(high, len(rows))
+        rows.remove(first, low)
+        self._bound(first)
 
-    def extend(
-        self,
-        subjects: Sequence[bytes],
-        payloads: Sequence[bytes | memoryview],
-        seqs: Sequence[int],
-        stamps: Sequence,
-        headers: Sequence[bytes | None] | None,
-    ) -> None:
-        """A run of messages, bounded as ``add`` bounds each one: what fits goes into the current batch in one
-        step (the hot path's), the rest into the next ones."""
-        keep_headers = self.keep_headers and headers is not None
-        sizes = list(map(len, payloads))
-        counted = sizes  # what the byte bound counts
-        if keep_headers:
-            counted = [size + len(block or b"") for size, block in zip(sizes, headers, strict=True)]  # type: ignore[arg-type]
-        first, count = 0, len(seqs)
-        while first < count:
-            rows = self.rows
-            last = min(count, first + self.max_rows - len(rows.seqs))
-            ends = list(accumulate(counted[first:last], initial=rows.nbytes))
-            fit = max(0, bisect.bisect_right(ends, self.max_bytes) - 1)  # how many of them fit in the byte bound
-            if fit == 0 and not rows.seqs:
-                fit = 1  # a message larger than the bound gets a batch of its own
-            stop = first + fit
-            if self.keep_headers:  # the byte bound counts headers too: the payloads' ends are their own sums
-                payload_ends = list(islice(accumulate(sizes[first:stop], initial=len(rows.payload)), 1, None))
-            else:  # the byte count is the payload's length: its sums are the payloads' ends
-                payload_ends = ends[1 : fit + 1]
-            rows.extend(subjects[first:stop], payloads[first:stop], payload_ends, seqs[first:stop], stamps[first:stop])
-            rows.nbytes = ends[fit]
-            if keep_headers:
-                rows.headers.extend(headers[first:stop])  # type: ignore[index]
-            if stop < count or len(rows.seqs) >= self.max_rows:
-                if rows.seqs:
-                    self.ready.append(rows)
-                self.rows = RowBuffer(self.text_times)
-            first = stop
+    def keep_in_order(self, first: int, last: int, end: int, stop: int | None = None) -> Kept:
+        """Of the run appended to ``rows`` from ``first`` on (seqs ascending), before row ``stop`` (all by default),
+        keep the rows in ``(last, end]``: lower ones were read already (redeliveries), and one past ``end`` completes
+        the range."""
+        seqs = self.rows.seqs
+        stop = len(seqs) if stop is None else min(stop, len(seqs))
+        low = bisect.bisect_right(seqs, last, first, stop)
+        high = bisect.bisect_right(seqs, end, low, stop)
+        kept = Kept(seqs[high - 1] if high > low else last, high - low, high < stop)
+        self.keep(first, low, high)
+        return kept
 
-    def extend_in_order(
-        self,
-        subjects: list[bytes],
-        payloads: list[memoryview],
-        seqs: list[int],
-        stamps: list[int],
-        headers: list[memoryview | None],
-        last: int,
-        end: int,
-    ) -> tuple[int, bool]:
-        """A run of deliveries into the rows: those in ``(last, end]`` above every one before them (lower ones are
-        redeliveries). Returns the last seq kept (``last`` when none) and whether one past ``end`` came (the range
-        is complete; what follows it is not read). ``headers`` holds each one's header block where kept."""
-        keep, past_end = _in_order(seqs, last, end)
-        kept = _pick(seqs, keep)
-        if not kept:
-            return last, past_end
-        blocks = None
-        if self.keep_headers:
-            blocks = [None if block is None else bytes(block) for block in _pick(headers, keep)]
-        self.extend(_pick(subjects, keep), _pick(payloads, keep), kept, _pick(stamps, keep), blocks)
-        return kept[-1], past_end
+    def _bound(self, first: int) -> None:
+        """Cut ``rows``, whose rows from ``first`` on are new, into batches of at most ``max_rows`` rows and
+        ``max_bytes`` bytes (at least one row each): the full ones go to ``ready``, the last one is filled next."""
+        rows = self.rows
+        count = len(rows)
+        if count == first:
+            return
+        starts = [0]  # where each batch starts
+        while True:
+            start = starts[-1]
+            last = min(count, start + self.max_rows)  # the most rows it may end at
+            fit = bisect.bisect_right(range(first, last + 1), rows.counted(start) + self.max_bytes, key=rows.counted)
+            stop = max(start + 1, first + fit - 1)  # where it ends: as many as the bounds allow, at least one
+            if stop == count and stop - start < self.max_rows:
+                break  # not full: filled next
+            starts.append(stop)
+            if stop == count:
+                break
+        if len(starts) == 1:
+            return
+        pieces = [rows.cut(start, stop) for start, stop in pairwise([*starts[1:], count])]
+        rows.remove(starts[1], count)
+        self.ready.append(rows)
+        self.ready.extend(pieces[:-1])
+        self.rows = pieces[-1]
 
     def flush(self) -> None:
         """The rows collected so far become a batch of their own (the read is complete)."""
         if self.rows.seqs:
             self.ready.append(self.rows)
-            self.rows = RowBuffer(self.text_times)
+            self.rows = RowBuffer(self.text_times, self.keep_headers)
 
     def buffered(self) -> tuple[int, int]:
         """Rows and bytes waiting for the caller."""
         waiting = [self.rows, *self.ready]
         return sum(len(rows) for rows in waiting), sum(rows.nbytes for rows in waiting)
-
-
-def _in_order(seqs: Sequence[int], last: int, end: int) -> tuple[slice | list[int], bool]:
-    """Which of a run's seqs ``extend_in_order`` keeps, and whether one past ``end`` came."""
-    if all(map(operator.lt, seqs, islice(seqs, 1, None))):  # ascending: the usual run
-        first, stop = bisect.bisect_right(seqs, last), bisect.bisect_right(seqs, end)
-        return slice(first, stop), stop < len(seqs)
-    keep = []
-    for index, seq in enumerate(seqs):
-        if seq > end:
-            return keep, True
-        if seq > last:
-            keep.append(index)
-            last = seq
-    return keep, False
-
-
-def _pick(values: list[T], which: slice | list[int]) -> list[T]:
-    """``values[which]`` for ``_in_order``'s answer."""
-    return values[which] if isinstance(which, slice) else [values[index] for index in which]

@@ -1,8 +1,8 @@
 """Deliveries -> rows: the pinned pull reader's hot path, on the connection's loop thread.
 
-``protocol.deliveries_handler`` parses runs of a member consumer's deliveries straight from the read buffer;
-``Deliveries._deliver`` decides what each one means (a redelivery, the pin id, the range complete) and appends it
-to the rows. Keep per-message work out of both (decision 0011).
+``protocol.deliveries_handler`` parses runs of a member consumer's deliveries straight from the read buffer into the
+rows' columns; ``Deliveries._deliver`` decides what the run means (redeliveries, the pin id, the range complete) and
+keeps what is read. Keep per-message work out of both (decisions 0011 and 0033).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from spark_jetstream.client.protocol import PIN_HEADER, BulkHandler, deliveries_handler, header_value
+from spark_jetstream.client.protocol import PIN_HEADER, BulkHandler, Columns, deliveries_handler, header_value
 from spark_jetstream.read.rows import RowBatches, RowBuffer
 
 if TYPE_CHECKING:
@@ -53,30 +53,24 @@ class Deliveries:
 
     def handler(self, sid: int) -> BulkHandler:
         """Bulk handler of the pull inbox (``protocol.deliveries_handler``): deliveries straight into the rows."""
-        return deliveries_handler(sid, self._deliver, self.batches.keep_headers)
+        return deliveries_handler(sid, self.batches, self._deliver)
 
-    def _deliver(
-        self,
-        subjects: list[bytes],
-        payloads: list[memoryview],
-        seqs: list[int],
-        stamps: list[int],
-        headers: list[memoryview | None],
-        drained: int,
-    ) -> None:
-        """A run of deliveries: anything at or below the last seq handed out is a redelivery; one past the range's
-        end, the last one, or one after which nothing more matches completes the range."""
-        self.received += len(seqs)
-        if self.pin_id is None and (block := next((b for b in headers if b is not None), None)) is not None:
-            self.pin_id = header_value(bytes(block), PIN_HEADER)
-        if self.done:
-            return
+    def _deliver(self, rows: Columns, first: int, header: bytes | None, drained: int) -> None:
+        """A run of deliveries appended to the rows from ``first`` on: anything at or below the last seq handed out is
+        a redelivery; one past the range's end, the last one, or one after which nothing more matches completes the
+        range."""
+        count = len(rows.seqs) - first
+        self.received += count
+        if self.pin_id is None and header is not None:
+            self.pin_id = header_value(header, PIN_HEADER)
         batches = self.batches
-        self.last_seq, past_end = batches.extend_in_order(  # none after the drained one is read
-            subjects, payloads, seqs[: drained + 1], stamps, headers, self.last_seq, self.member.end
-        )
+        if self.done:
+            batches.keep(first, first, first)  # none: the range is complete
+            return
+        kept = batches.keep_in_order(first, self.last_seq, self.member.end, first + drained + 1)  # none after drained
+        self.last_seq = kept.last
         if batches.ready:
             self.wakeup.set()
-        if past_end or self.last_seq >= self.member.end or drained < len(seqs):
+        if kept.past_end or self.last_seq >= self.member.end or drained < count:
             self.finish()
-        self.on_run(len(seqs))
+        self.on_run(count)
