@@ -57,7 +57,9 @@ class PinKeeper:
         self.pins: dict[str, str] = {}  # consumer -> the pin id this query holds
         # per consumer, takings of its pin (by a delivery) started plus ended: odd while one runs
         self.takes: dict[str, int] = {}
-        self.undoing: set[str] = set()  # consumers whose pin came with a delivery not yet reset away
+        # consumers whose pin came with a delivery not yet reset away; a RESET that failed (an API timeout under load)
+        # is tried again next round, with the pin kept (losing its id left the pin held and the ack-none floor moved)
+        self.undoing: set[str] = set()
         self.error: JetStreamError | None = None
         self._task: asyncio.Future[None] | None = None
 
@@ -122,6 +124,7 @@ class PinKeeper:
         consumers = [layout.consumer(member) for member in layout.member_names]
         for gone in set(self.pins) - set(consumers):
             del self.pins[gone]
+            self.undoing.discard(gone)
         await asyncio.gather(*(self._keep(consumer, unpin) for consumer in consumers))
         await self.check()
 
@@ -151,27 +154,28 @@ class PinKeeper:
 
     async def _keep(self, consumer: str, unpin: bool) -> None:
         stream = self.members.stream
-        if unpin:  # a new run takes over from whatever held the pin before (an earlier run, a crashed one)
+        if unpin and consumer not in self.pins:  # a new run takes over from whatever held it (an earlier run, a crash)
             await self.api.unpin(stream, consumer, PRIORITY_GROUP)
         pin = self.pins.get(consumer)
-        if pin is not None:
+        if pin is not None and consumer not in self.undoing:
             status, _ = await self._pull(consumer, {"batch": 1, "max_bytes": 1, "expires": _NS, "id": pin})
             if status in ("423", "409 Leadership Change", "409 Server Shutdown", "503"):
                 del self.pins[consumer]  # moved (found out by the check) or dropped by a new consumer leader
             return
         self.takes[consumer] = self.takes.get(consumer, 0) + 1
         try:
-            status, pin = await self._pull(consumer, {"batch": 1, "expires": int(_TAKE_WAIT * _NS)})
-            if pin is None:
-                return  # nothing to deliver yet, or another client is pinned (the check finds out)
-            self.undoing.add(consumer)
+            if consumer not in self.undoing:  # else an earlier round took the pin and failed to reset: again
+                status, pin = await self._pull(consumer, {"batch": 1, "expires": int(_TAKE_WAIT * _NS)})
+                if pin is None:
+                    return  # nothing to deliver yet, or another client is pinned (the check finds out)
+                self.pins[consumer] = pin  # held from here: a failed RESET below must not lose the pin id
+                self.undoing.add(consumer)
+                log.info("Holding the pin of member consumer %s (%s)", consumer, status)
             async with self.members.locks[consumer]:  # not during a RESET of the commit's, and to the floor it set
                 await self._undo_delivery(consumer)
-        finally:
             self.undoing.discard(consumer)
+        finally:
             self.takes[consumer] += 1
-        self.pins[consumer] = pin
-        log.info("Holding the pin of member consumer %s (%s)", consumer, status)
 
     async def _undo_delivery(self, consumer: str) -> None:
         """RESET the consumer to the committed watermark once the server has counted the taking delivery.

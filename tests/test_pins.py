@@ -1,0 +1,70 @@
+"""The pin keeper (``streaming/pins.py``) on a real server: it takes each member consumer's pin with one delivery and
+RESETs that delivery away, so an ack-none member's floor stays at the checkpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from helpers import wait_for
+
+from spark_jetstream.client.jsapi import JetStreamApi, pin_holder
+from spark_jetstream.errors import ApiError
+from spark_jetstream.groups.admin import group_layout
+from spark_jetstream.streaming.member_consumers import OWNER_METADATA_KEY, MemberConsumers
+from spark_jetstream.streaming.pins import PinKeeper
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_reset_that_fails_after_a_pin_was_taken_is_tried_again_with_the_pin_kept(
+    api: JetStreamApi, make_stream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under load the RESET after a pin's taking delivery can fail (an API timeout). The keeper keeps that pin and
+    resets again next round, and keeps the pins the same round took: it used to unpin every member again after a
+    failed first round and take each pin anew, a delivery each that moves an ack-none floor until its RESET."""
+    stream = make_stream(30, partitions=3, consumers="none")
+    members = MemberConsumers(api, group_layout(api, stream.name, stream.group), 30.0, "none", "test")
+    members.acked_through = 0
+    layout, metadata = members.layout, {OWNER_METADATA_KEY: "test"}
+    for member in layout.member_names:  # as the query makes them (the keeper checks that nobody changed them)
+        api.create_consumer(
+            stream.name, layout.consumer_config(member, 30.0, metadata, "none", members.priority_timeout)
+        )
+    consumers = [layout.consumer(member) for member in layout.member_names]
+    failed: list[str] = []
+    reset = api.reset
+
+    async def failing_once(name: str, consumer: str, seq: int) -> dict[str, Any]:
+        if not failed:
+            failed.append(consumer)
+            raise ApiError(f"Resetting consumer {consumer!r} to seq {seq} timed out (the test's)")
+        return await reset(name, consumer, seq)
+
+    monkeypatch.setattr(api, "reset", failing_once)
+    keeper = PinKeeper(members)
+    keeper.start()
+    try:
+
+        def others_held() -> dict[str, str] | None:
+            others = {c: keeper.pins.get(c) for c in consumers if c not in failed}
+            return others if failed and None not in others.values() and not keeper.undoing - set(failed) else None
+
+        first_pins = wait_for(others_held, 15, lambda: f"the other pins taken (pins {sorted(keeper.pins)})")
+        wait_for(
+            lambda: not keeper.undoing and sorted(keeper.pins) == sorted(consumers),
+            15,
+            lambda: f"every pin held and reset (failed {failed}, pins {sorted(keeper.pins)}, undoing {keeper.undoing})",
+        )
+        # the round that failed took the other pins too: they are kept, not released and taken again (a delivery each)
+        assert {c: keeper.pins[c] for c in first_pins} == first_pins
+        for consumer in consumers:
+            info = api.consumer_info(stream.name, consumer)
+            assert (pin_holder(info), info["ack_floor"]["stream_seq"], info["delivered"]["consumer_seq"]) == (
+                keeper.pins[consumer],
+                0,
+                0,
+            ), consumer
+        keeper.raise_error()  # no other client was seen
+    finally:
+        keeper.stop()
