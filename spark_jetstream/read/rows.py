@@ -236,7 +236,7 @@ class RowBuffer:
         """Each row's header block (None where it had none, or none are kept)."""
         if self.header_ends is None or self.headers is None:
             return [None] * len(self.seqs)
-        return [bytes(self.headers[start:end]) or None for start, end in pairwise(self.header_ends)]
+        return [block or None for block in texts(self.headers, self.header_ends, 0, len(self.seqs))]
 
     def data_array(self) -> pa.Array:
         """The data column, over ``payload`` itself (no copy): the buffer is done growing once this is built."""
