@@ -6,7 +6,6 @@ import asyncio
 import base64
 import logging
 import random
-import signal
 import time
 
 import pyarrow as pa
@@ -92,7 +91,7 @@ def test_publishes_a_frozen_stream_leader_swallowed_are_sent_again_and_stored_on
         while publisher.outstanding:
             await asyncio.sleep(0.01)
         assert frozen.process is not None
-        frozen.process.send_signal(signal.SIGSTOP)
+        frozen.freeze()
         await publisher.send(b"".join(commands[before:]), count - before)
         await publisher.finish()
         return time.monotonic()
@@ -102,7 +101,7 @@ def test_publishes_a_frozen_stream_leader_swallowed_are_sent_again_and_stored_on
         done_at = conn.run(write(), timeout=90)
         assert frozen.process.poll() is None  # still frozen
     finally:
-        frozen.process.send_signal(signal.SIGCONT)
+        frozen.thaw()
         conn.run(publisher.close(), timeout=10)
         disconnect(options)
     assert publisher.resent >= count - before
@@ -143,7 +142,7 @@ def test_direct_gets_a_frozen_replica_swallows_are_asked_again_within_a_fraction
         time.sleep(2.0)  # a caught-up follower subscribes to Direct Gets on its next check
         seq_range = SeqRange("FD", ">", 0, 2000, False, direct_batch=10)
         assert frozen.process is not None
-        frozen.process.send_signal(signal.SIGSTOP)
+        frozen.freeze()
         try:
             started = time.monotonic()
             with caplog.at_level(logging.INFO, logger="spark_jetstream.read.direct"):
@@ -151,7 +150,7 @@ def test_direct_gets_a_frozen_replica_swallows_are_asked_again_within_a_fraction
             took = time.monotonic() - started
             assert frozen.process.poll() is None  # still frozen
         finally:
-            frozen.process.send_signal(signal.SIGCONT)
+            frozen.thaw()
     finally:
         disconnect(options)
     assert rows == list(range(2000))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -41,14 +39,14 @@ def test_refused_connection_fails_within_the_connect_timeout():
 def test_a_server_that_never_answers_times_out():
     """A real server, stopped (SIGSTOP): the kernel accepts the connection, the INFO never comes."""
     with EmbeddedServer(name="frozen") as server:
-        os.kill(server.pid, signal.SIGSTOP)
+        server.freeze()
         try:
             started = time.monotonic()
             with pytest.raises(ConnectError) as caught:
                 connect(ConnectionOptions(servers=(server.url,), connect_timeout=1.5))
             elapsed = time.monotonic() - started
         finally:
-            os.kill(server.pid, signal.SIGCONT)
+            server.thaw()
     assert str(caught.value) == (
         f"Cannot reach a NATS server at {server.url} within 1.5s: no answer (timed out): check the servers option "
         "and firewalls; raise connectTimeout for a slow network."

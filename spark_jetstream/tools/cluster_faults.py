@@ -248,9 +248,11 @@ def inject_fault(
         heal = partial(cluster.partition, victim, cut=False)
     else:
         sig = sig or FAULT_SIGNALS[fault]
-        victim.process.send_signal(sig)
         if sig == signal.SIGSTOP:
-            heal = partial(victim.process.send_signal, signal.SIGCONT)
+            victim.freeze()
+            heal = victim.thaw
+        else:
+            victim.process.send_signal(sig)
 
     def successor() -> tuple[str | None, float]:
         """The leader now, and since when (its ``leader_since``, else now)."""
