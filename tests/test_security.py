@@ -576,31 +576,38 @@ def test_creds_of_an_unknown_account_are_refused_fast_without_leaking(operator_m
 
 
 @pytest.mark.slow
-def test_demo_runs_against_a_server_that_needs_creds(operator_mode, tmp_path):
-    """`spark-jetstream demo --servers ... --creds ...`: the driver, the executors and the publisher all use them."""
-    target = ["--servers", operator_mode.server.url, "--creds", str(operator_mode.creds)]
+def test_the_demo_on_a_server_that_needs_creds_then_status_of_the_group_it_derived(operator_mode, tmp_path):
+    """`spark-jetstream demo --servers ... --creds ... --keep`: the driver, the executors and the publisher all use
+    them, no embedded server is started, nothing secret is printed; then `status --creds` shows the kept group's
+    members at the last seq."""
+    url, creds = operator_mode.server.url, str(operator_mode.creds)
     done = subprocess.run(
-        [
-            "spark-jetstream",
-            "demo",
-            *target,
-            "--messages",
-            "1500",
-            "--rate",
-            "0",
-            "--partitions",
-            "2",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "OK: published 1,500 orders; Spark read 1,500 rows" in done.stdout
-    for secret in operator_mode.secrets:
-        assert secret not in done.stdout + done.stderr
+        ["spark-jetstream", "demo", "--servers", url, "--creds", creds, "--stream", "demo_kept", "--keep",
+         "--messages", "2000", "--rate", "0", "--partitions", "2", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    options = ConnectionOptions(servers=(url,), creds=creds)
+    api = JetStreamApi(connect(options))
+    try:
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "OK: published 2,000 orders; Spark read 2,000 rows" in done.stdout
+        assert "nats-server at" not in done.stdout  # no embedded server was started
+        for secret in operator_mode.secrets:
+            assert secret not in done.stdout + done.stderr
+        assert sorted(api.consumer_names("demo_kept")) == ["demo-0", "demo-1"]  # the read-only pass has no group
+        shown = subprocess.run(
+            ["spark-jetstream", "status", "--servers", url, "--creds", creds,
+             "--stream", "demo_kept", "--group", "demo"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        rows = [line.split() for line in shown.stdout.splitlines()[1:]]
+        assert [(r[0], r[1], r[2]) for r in rows] == [("0", "demo-0", "0"), ("1", "demo-1", "1")]
+        assert {int(r[-3]) for r in rows} == {2000}  # ack floors at the last seq, nothing pending, no lag
+        assert {(int(r[-2]), int(r[-1])) for r in rows} == {(0, 0)}
+    finally:
+        api.delete_stream("demo_kept")
+        disconnect(options)
 
 
 STREAM_READER_PERMISSIONS = {
