@@ -104,13 +104,27 @@ def user_env(venv: Path, tmp: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def demo_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A new venv (no system site-packages) holding ``.[demo]``, installed from the tree the way the README says."""
+    """A new venv (no system site-packages) holding ``.[demo]``, installed from the tree the way the README says.
+
+    Two differences that change what is installed in nothing the demo uses, and save about half the install's CPU
+    (measured: 34 -> 17 CPU s): the suite's own pip installs into the venv (``--python``) instead of one installed
+    there first, and it writes no bytecode (``--no-compile``: the demo's processes compile what they import)."""
     base = tmp_path_factory.mktemp("first-run")
     clone, venv = base / "spark-jetstream", base / "venv"
     shutil.copytree(ROOT, clone, ignore=NOT_IN_A_CLONE)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     done = subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "-q", f"{clone}[demo]"],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "-q",
+            "--no-compile",
+            f"{clone}[demo]",
+        ],
         env=user_env(venv, base),
         capture_output=True,
         text=True,
