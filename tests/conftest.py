@@ -9,7 +9,6 @@ by checking that no server this run started is still alive. Helpers that test mo
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import importlib.util
 import itertools
 import os
@@ -20,7 +19,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import CACHE, PartitionedStream, add_messages, checkpoint_option, spark_home
+from helpers import (
+    CLASS_ARCHIVES,
+    PartitionedStream,
+    add_messages,
+    checkpoint_option,
+    class_archive_path,
+    spark_home,
+)
 
 from spark_jetstream.client import protocol
 from spark_jetstream.client.connection import Connection, ConnectionOptions, close_all, connect, disconnect
@@ -29,21 +35,20 @@ from spark_jetstream.groups.layout import member_consumer_config, partition_filt
 from spark_jetstream.tools.embedded import EmbeddedCluster, EmbeddedServer
 
 PYSPARK_DIR = Path(importlib.util.find_spec("pyspark").origin).parent
-JVM_OPTIONS = f"-XX:TieredStopAtLevel=1 {checkpoint_option(PYSPARK_DIR)}"
+JVM_OPTIONS = f"-XX:TieredStopAtLevel=1 -XX:+UseSerialGC {checkpoint_option(PYSPARK_DIR)}"
 """Every JVM the tests start (the session's, the jobs' and demos' drivers, executors, Connect servers) compiles with
 C1 only: their runs are short, and C2's compiler threads took a third of a cold Spark process's CPU (measured:
-11.8-13.6 -> 7.7-9.5 CPU seconds), CPU the other test process needs. Their streaming checkpoints are written without
-a process per file status (``helpers.checkpoint_option``). Both change speed, not behaviour."""
+11.8-13.6 -> 7.7-9.5 CPU seconds), CPU the other test processes need. They collect garbage in one thread: G1's
+concurrent threads cost the typical query job 4-6% more CPU (decision 0035). Their streaming checkpoints are
+written without a process per file status (``helpers.checkpoint_option``). All change speed, not behaviour."""
 os.environ.setdefault("JAVA_TOOL_OPTIONS", JVM_OPTIONS)
 
 
 if "SPARK_HOME" not in os.environ:  # one a developer set is left alone
     os.environ["SPARK_HOME"] = str(spark_home(PYSPARK_DIR))
 
-CLASS_ARCHIVES = Path(os.environ.get("SPARK_JETSTREAM_CDS", CACHE / "cds"))
-"""Where ``class_archive`` keeps its archives, between runs."""
 QUIET_CDS = "-Xlog:cds=off,cds+dynamic=off"
-"""A JVM whose classpath is not the archive's (an older PySpark's) runs without it: no warning in its output."""
+"""A JVM whose classpath is not the archive's runs without it: no warning in its output."""
 _archive_failed: list[str] = []
 
 
@@ -53,16 +58,11 @@ def class_archive() -> Path | None:
     2026-11-28). None while another test process makes it, or if making it failed."""
     import pyspark
 
-    java = Path(os.environ["JAVA_HOME"], "bin", "java") if "JAVA_HOME" in os.environ else shutil.which("java")
-    if java is None or _archive_failed:
+    archive = class_archive_path(pyspark.__version__, os.environ.get("SPARK_HOME", ""))
+    if archive is None or _archive_failed:
         return None
-    java = Path(java).resolve()
-    jdk = hashlib.sha1(f"{java}:{java.stat().st_size}:{java.stat().st_mtime_ns}".encode()).hexdigest()[:12]
-    home = hashlib.sha1(os.environ.get("SPARK_HOME", "").encode()).hexdigest()[:8]  # the classpath's directory
-    archive = CLASS_ARCHIVES / f"pyspark-{pyspark.__version__}-jdk-{jdk}-home-{home}.jsa"
     if archive.exists():
         return archive
-    CLASS_ARCHIVES.mkdir(parents=True, exist_ok=True)
     with open(CLASS_ARCHIVES / ".lock", "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -155,29 +155,33 @@ _IO_FIXTURES = frozenset(
 
 
 LONGEST_FIRST = (
-    "test_leader_change_query.py",
-    "test_silent_faults_query.py",
-    "test_driver_kill.py",
-    "test_faults.py",
-    "test_sink.py",
-    "test_source.py",
-    "test_security.py",
-    "test_server_versions.py",
-    "test_speculation.py",
     "test_spark_versions.py",
-    "test_exclusive.py",
+    "test_driver_kill.py",
+    "test_server_versions.py",
+    "test_source.py",
+    "test_silent_faults_query.py",
+    "test_security.py",
+    "test_sink.py",
     "test_first_run.py",
-    "test_read_modes.py",
-    "test_groupless.py",
-    "test_atomic_writes.py",
-    "test_kv.py",
-    "test_leader_changes.py",
-    "test_notebooks.py",
+    "test_leader_change_query.py",
+    "test_faults.py",
+    "test_speculation.py",
     "test_spark_connect.py",
+    "test_exclusive.py",
     "test_pipelines.py",
+    "test_notebooks.py",
+    "test_read_modes.py",
+    "test_cluster.py",
+    "test_atomic_writes.py",
+    "test_connection.py",
+    "test_leader_changes.py",
+    "test_groupless.py",
+    "test_kv.py",
+    "test_speedups.py",
 )
-"""The files that take longest (measured, 70-200 s each), run first: with ``-n 3`` each process takes the next file
-when it is done, so the short ones fill the end instead of one long file running alone. Only the order changes."""
+"""The files that take longest, longest first (their walls in a whole run with ``-n 3``: 40-180 s each, measured
+2026-11-28): each process takes the next file when it is done, so the short ones fill the end instead of one long
+file running alone. Only the order changes."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

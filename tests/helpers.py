@@ -410,12 +410,31 @@ SERVER_BINARIES = Path(os.environ.get("SPARK_JETSTREAM_SERVERS", CACHE / "nats-s
 """Where ``server_binary`` keeps the nats-server releases it fetched, between runs."""
 
 
+CLASS_ARCHIVES = Path(os.environ.get("SPARK_JETSTREAM_CDS", CACHE / "cds"))
+"""Where the suite keeps its JVMs' class archives (``conftest.class_archive``), between runs."""
+
+
+def class_archive_path(pyspark_version: str, home: str | Path) -> Path | None:
+    """Where the class archive of this PySpark, Spark home (the classpath's directory) and JDK goes; None without a
+    ``java``. The directory is made."""
+    java = Path(os.environ["JAVA_HOME"], "bin", "java") if "JAVA_HOME" in os.environ else shutil.which("java")
+    if java is None:
+        return None
+    java = Path(java).resolve()
+    jdk = hashlib.sha1(f"{java}:{java.stat().st_size}:{java.stat().st_mtime_ns}".encode()).hexdigest()[:12]
+    CLASS_ARCHIVES.mkdir(parents=True, exist_ok=True)
+    return (
+        CLASS_ARCHIVES
+        / f"pyspark-{pyspark_version}-jdk-{jdk}-home-{hashlib.sha1(str(home).encode()).hexdigest()[:8]}.jsa"
+    )
+
+
 def checkpoint_option(pyspark_dir: Path) -> str:
     """The JVM option that gives Spark's streaming checkpoints the ``FileSystem``-based file manager, for the
     PySpark at ``pyspark_dir`` (its package moved in 4.1). Spark's default goes through Hadoop's ``FileContext``,
     whose local file system, without Hadoop's native library, starts a ``readlink`` process for every status it
     takes: about 25 per micro-batch (the offset, commit and file-sink logs), 0.17 of a batch's 0.4 CPU s (decision
-    0033). This one writes the same files by the same rename, without them. A system property, as Spark reads
+    0034). This one writes the same files by the same rename, without them. A system property, as Spark reads
     ``spark.*`` ones: a ``spark-defaults.conf`` would put a non-empty directory on the classpath, and the class
     archive (``conftest.class_archive``) refuses one."""
     package = "org.apache.spark.sql.execution.streaming"
