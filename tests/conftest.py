@@ -39,7 +39,7 @@ JVM_OPTIONS = f"-XX:TieredStopAtLevel=1 -XX:+UseSerialGC {checkpoint_option(PYSP
 """Every JVM the tests start (the session's, the jobs' and demos' drivers, executors, Connect servers) compiles with
 C1 only: their runs are short, and C2's compiler threads took a third of a cold Spark process's CPU (measured:
 11.8-13.6 -> 7.7-9.5 CPU seconds), CPU the other test processes need. They collect garbage in one thread: G1's
-concurrent threads cost the typical query job 4-6% more CPU (decision 0035). Their streaming checkpoints are
+concurrent threads cost the typical query job about 5% more CPU (decision 0035). Their streaming checkpoints are
 written without a process per file status (``helpers.checkpoint_option``). All change speed, not behaviour."""
 os.environ.setdefault("JAVA_TOOL_OPTIONS", JVM_OPTIONS)
 
@@ -178,8 +178,16 @@ LONGEST_FIRST = (
     "test_groupless.py",
     "test_kv.py",
     "test_speedups.py",
+    "test_batch.py",
+    "test_pipeline.py",
+    "test_silent_servers.py",
+    "test_large_messages.py",
+    "test_kv_consumers.py",
+    "test_shared_stream.py",
+    "test_options.py",
+    "test_groups.py",
 )
-"""The files that take longest, longest first (their walls in a whole run with ``-n 3``: 40-180 s each, measured
+"""The files that take longest, longest first (their walls in a whole run with ``-n 3``: 11-180 s each, measured
 2026-11-28): each process takes the next file when it is done, so the short ones fill the end instead of one long
 file running alone. Only the order changes."""
 

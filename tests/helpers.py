@@ -422,11 +422,9 @@ def class_archive_path(pyspark_version: str, home: str | Path) -> Path | None:
         return None
     java = Path(java).resolve()
     jdk = hashlib.sha1(f"{java}:{java.stat().st_size}:{java.stat().st_mtime_ns}".encode()).hexdigest()[:12]
+    classpath = hashlib.sha1(str(home).encode()).hexdigest()[:8]
     CLASS_ARCHIVES.mkdir(parents=True, exist_ok=True)
-    return (
-        CLASS_ARCHIVES
-        / f"pyspark-{pyspark_version}-jdk-{jdk}-home-{hashlib.sha1(str(home).encode()).hexdigest()[:8]}.jsa"
-    )
+    return CLASS_ARCHIVES / f"pyspark-{pyspark_version}-jdk-{jdk}-home-{classpath}.jsa"
 
 
 def checkpoint_option(pyspark_dir: Path) -> str:
