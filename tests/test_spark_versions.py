@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -57,31 +58,27 @@ def pyspark_venv(version: str, wheel: Path) -> Path:
     return python
 
 
-def older_pyspark_env(python: Path) -> tuple[dict[str, str], Path | None]:
-    """The environment for a job on the PySpark of ``python``: its Spark home, checkpoint file manager and class
-    archive, not the suite's; and where the job's JVM writes that archive when there is none yet (``keep_archive``).
-    The archive saves each later run's cold JVM about a third of its CPU, as the suite's does (decision 0030)."""
+def older_pyspark_env(python: Path, version: str) -> tuple[dict[str, str], Callable[[], None]]:
+    """The environment for a job on PySpark ``version`` in ``python``'s venv: its Spark home, checkpoint file manager
+    and class archive, not the suite's; and what to call once the job passed, which keeps the archive its JVM wrote at
+    exit when there was none yet. The archive saves each later run's cold JVM about a fifth of its CPU (decision
+    0035)."""
     pyspark_dir = next(python.parent.parent.glob("lib/python*/site-packages/pyspark"))
     home = spark_home(pyspark_dir)
     suites = checkpoint_option(Path(importlib.util.find_spec("pyspark").origin).parent)
     options = os.environ.get("JAVA_TOOL_OPTIONS", "").replace(suites, checkpoint_option(pyspark_dir))
+    archive = class_archive_path(version, home)
     partial = None
-    if "-XX:SharedArchiveFile=" in options:  # the suite's own options (a developer's are left alone)
-        version = re.findall(r"""['"]([^'"]+)['"]""", (pyspark_dir / "version.py").read_text())[-1]
-        archive = class_archive_path(version, home)
-        if archive is not None and archive.exists():
-            options = re.sub(r"-XX:SharedArchiveFile=\S+", f"-XX:SharedArchiveFile={archive}", options)
-        elif archive is not None:
-            partial = archive.with_name(f".{archive.name}.{os.getpid()}")
-            options = re.sub(r"-XX:SharedArchiveFile=\S+", f"-XX:ArchiveClassesAtExit={partial}", options)
-    env = {**os.environ, "SPARK_HOME": str(home), "PYSPARK_PYTHON": str(python), "JAVA_TOOL_OPTIONS": options}
-    return env, partial
+    if archive is not None and "-XX:SharedArchiveFile=" in options:  # the suite's options (a developer's are kept)
+        partial = None if archive.exists() else archive.with_name(f".{archive.name}.{os.getpid()}")
+        use = f"-XX:ArchiveClassesAtExit={partial}" if partial else f"-XX:SharedArchiveFile={archive}"
+        options = re.sub(r"-XX:SharedArchiveFile=\S+", use, options)
 
+    def keep() -> None:
+        if archive is not None and partial is not None and partial.exists():
+            partial.replace(archive)
 
-def keep_archive(partial: Path | None) -> None:
-    """The archive a job's JVM wrote at its exit, kept under its own name for the next runs."""
-    if partial is not None and partial.exists():
-        partial.replace(partial.with_name(partial.name[1:].rsplit(".", 1)[0]))
+    return {**os.environ, "SPARK_HOME": str(home), "PYSPARK_PYTHON": str(python), "JAVA_TOOL_OPTIONS": options}, keep
 
 
 @pytest.mark.parametrize("version", OLDER_PYSPARKS)
@@ -94,14 +91,14 @@ def test_streaming_batch_and_write_on_older_pyspark(version, wheel, spark, nats_
     api.create_stream(
         {"name": f"ACOPY_{stream.name}", "subjects": [f"{atomic}.>", f"{atomic}_progress.>"], "allow_atomic": True}
     )
-    env, archive = older_pyspark_env(python)
+    env, keep_archive = older_pyspark_env(python, version)
     done = subprocess.run(
         [str(python), str(JOB), "--servers", nats_server.url, "--stream", stream.name, "--group-prefix", stream.group,
          "--max", str(cap), "--count", str(count), "--out", str(tmp_path), "--target", f"copy{stream.name}"],
         capture_output=True, text=True, timeout=600, cwd="/", env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
-    keep_archive(archive)
+    keep_archive()
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["pyspark"] == version
 
