@@ -72,7 +72,7 @@ class MemberConsumers:
         self.moved: dict[str, int] = {}  # consumer -> the watermark its floor was last reset to
         # per consumer, held while its floor moves, so another RESET (a pin's taking) never lands in between
         self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self.before_reset: Callable[[str], Awaitable[None]] | None = None  # a check that a RESET would erase
+        self.before_reset: Callable[[str], Awaitable[object]] | None = None  # a check that a RESET would erase
         self.error: Exception | None = None  # why a floor could not be moved
         self._movers: dict[str, asyncio.Task[None]] = {}
         # layout changes started plus ended: odd while the consumers are being made to match a new layout

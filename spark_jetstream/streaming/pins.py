@@ -11,10 +11,12 @@ Taking a pin needs a delivery (the server pins the first id-less pull it deliver
 message, then a RESET of that consumer to the committed watermark, under the same lock as the
 commit's RESETs, so the delivery leaves nothing behind (no pending message, no ack-none floor moved).
 
-Every ``KEEP_ALIVE`` the keeper also reads each member consumer's info: a delivery since the last
-RESET (``delivered.consumer_seq`` restarts at 0 with each RESET and the query makes none), a pin it
-did not take, or a config another client changed, is another client at work on Spark's consumer.
-The query then fails at its next call into the source (``raise_error``), naming the consumer.
+Every ``KEEP_ALIVE`` the keeper also reads each member consumer's info: more than one delivery since
+the last RESET (``delivered.consumer_seq`` restarts at 0 with each RESET and the query makes none), a
+pin it did not take, or a config another client changed, is another client at work on Spark's consumer.
+The query then fails at its next call into the source (``raise_error``), naming the consumer. One
+delivery still counted is the trace of a taking (counted after its RESET, or its reply lost under
+load): it is reset away like the taking's own, so an ack-none floor never stays off the checkpoint.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class PinKeeper:
         # is tried again next round, with the pin kept (losing its id left the pin held and the ack-none floor moved)
         self.undoing: set[str] = set()
         self.error: JetStreamError | None = None
+        self.rounds = 0  # rounds done; the first takes every pin it can, after unpinning whatever held it
         self._task: asyncio.Future[None] | None = None
 
     def start(self) -> None:
@@ -85,17 +88,20 @@ class PinKeeper:
             self.conn.run(release(), timeout=5)
 
     def settle(self, timeout: float) -> None:
-        """Wait, at most ``timeout``, until no pin's taking delivery waits to be reset away: with
-        ``ackPolicy=none`` that delivery moved the consumer's ack floor, which must equal the checkpoint
-        again before a batch goes to Spark."""
+        """Wait, at most ``timeout``, until the first round has taken the pins and no pin's taking delivery waits
+        to be reset away: with ``ackPolicy=none`` that delivery moved the consumer's ack floor, which must equal
+        the checkpoint again before a batch goes to Spark."""
+
+        def unsettled() -> bool:
+            return self._task is not None and (self.rounds == 0 or bool(self.undoing))
 
         async def settled() -> None:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
-            while self.undoing and loop.time() < deadline:
+            while unsettled() and loop.time() < deadline:
                 await asyncio.sleep(0.01)
 
-        if self.undoing:  # read without the loop: the common case (nothing to wait for) costs no round trip
+        if unsettled():  # read without the loop: the common case (nothing to wait for) costs no round trip
             self.conn.run(settled())
 
     def raise_error(self) -> None:
@@ -104,11 +110,10 @@ class PinKeeper:
             raise self.error
 
     async def _run(self) -> None:
-        first = True
         while self.error is None:
             try:
-                await self._round(unpin=first)
-                first = False
+                await self._round(unpin=self.rounds == 0)
+                self.rounds += 1
             except (ConnectError, ApiError) as exc:  # an election or a restart: try again next round
                 log.info("Keeping the member consumers' pins: %s", exc)
             except JetStreamError as exc:
@@ -126,25 +131,32 @@ class PinKeeper:
             del self.pins[gone]
             self.undoing.discard(gone)
         await asyncio.gather(*(self._keep(consumer, unpin) for consumer in consumers))
-        await self.check()
+        traces = await self.check()
+        self.undoing.update(traces)
+        await asyncio.gather(*(self._undo(consumer, counted=True) for consumer in traces))
 
-    async def check(self, consumer: str | None = None) -> None:
+    async def check(self, consumer: str | None = None) -> list[str]:
         """Raise when another client pulled from, pinned, changed or deleted a member consumer (``consumer``:
         only that one). Also run for a consumer right before its floor moves (``MemberConsumers.before_reset``),
-        as a RESET clears the evidence of deliveries."""
+        as a RESET clears the evidence of deliveries. Returns the consumers that still count one delivery, with
+        no taking at work: a taking's trace, to reset away."""
         layout, changes = self.members.layout, self.members.layout_changes
         members = [m for m in layout.member_names if consumer is None or layout.consumer(m) == consumer]
         before = dict(self.takes)
         infos = await asyncio.gather(*(self._info(layout.consumer(member)) for member in members))
         if changes % 2 or changes != self.members.layout_changes:
-            return  # the query itself changed the consumers meanwhile; the next round checks the result
+            return []  # the query itself changed the consumers meanwhile; the next round checks the result
+        traces = []
         for member, info in zip(members, infos, strict=True):
             name = layout.consumer(member)
             takes = self.takes.get(name, 0)
-            if takes == before.get(name, 0) and takes % 2 == 0:  # no taking delivery in the info
+            if takes == before.get(name, 0) and takes % 2 == 0 and info is not None:  # no taking delivery in the info
                 self._check(name, info)
+                if info["delivered"]["consumer_seq"] == 1 and name not in self.undoing:
+                    traces.append(name)
         if (changed := self.members.changed_error(dict(zip(members, infos, strict=True)))) is not None:
             raise changed
+        return traces
 
     async def _info(self, consumer: str) -> dict[str, Any] | None:
         try:
@@ -171,18 +183,23 @@ class PinKeeper:
                 self.pins[consumer] = pin  # held from here: a failed RESET below must not lose the pin id
                 self.undoing.add(consumer)
                 log.info("Holding the pin of member consumer %s (%s)", consumer, status)
-            async with self.members.locks[consumer]:  # not during a RESET of the commit's, and to the floor it set
-                await self._undo_delivery(consumer)
-            self.undoing.discard(consumer)
+            await self._undo(consumer)
         finally:
             self.takes[consumer] += 1
 
-    async def _undo_delivery(self, consumer: str) -> None:
+    async def _undo(self, consumer: str, counted: bool = False) -> None:
+        """Reset ``consumer``'s delivery away (it is in ``undoing``; a failed RESET leaves it there for the next
+        round). ``counted``: consumer info showed it already."""
+        async with self.members.locks[consumer]:  # not during a RESET of the commit's, and to the floor it set
+            await self._undo_delivery(consumer, counted)
+        self.undoing.discard(consumer)
+
+    async def _undo_delivery(self, consumer: str, counted: bool) -> None:
         """RESET the consumer to the committed watermark once the server has counted the taking delivery.
         Measured on 2.15.1: the message can arrive before the server counts it, and a RESET sent at once
         then lands first and the delivery stays counted (and would read as another client's)."""
         stream = self.members.stream
-        for _ in range(_UNDO_TRIES):
+        for _ in range(0 if counted else _UNDO_TRIES):
             info = await self.api.consumer_info_async(stream, consumer)
             if info["delivered"]["consumer_seq"] > 0:
                 break
@@ -220,9 +237,7 @@ class PinKeeper:
         code, description = status_of(headers)
         return (f"{code} {description}" if code == 409 else str(code)), pin
 
-    def _check(self, consumer: str, info: dict[str, Any] | None) -> None:
-        if info is None:
-            return  # a deleted member consumer is reported by changed_error
+    def _check(self, consumer: str, info: dict[str, Any]) -> None:
         pinned = pin_holder(info)
         ours, stream = self.pins.get(consumer), self.members.stream
         # the pin's own taking delivery may still be counted once after its RESET (measured: on a clustered
