@@ -3,13 +3,16 @@ RESETs that delivery away, so an ack-none member's floor stays at the checkpoint
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
+import nats
 import pytest
 from helpers import wait_for
 
-from spark_jetstream.client.jsapi import JetStreamApi, pin_holder
-from spark_jetstream.errors import ApiError
+from spark_jetstream.client.jsapi import PRIORITY_GROUP, JetStreamApi, pin_holder
+from spark_jetstream.errors import ApiError, GroupConfigError
 from spark_jetstream.groups.admin import group_layout
 from spark_jetstream.streaming.member_consumers import OWNER_METADATA_KEY, MemberConsumers
 from spark_jetstream.streaming.pins import PinKeeper
@@ -76,7 +79,7 @@ def held_members(api: JetStreamApi, stream: Any, consumers: str) -> tuple[Member
 
 
 def test_a_taking_whose_reply_was_lost_is_reset_away_before_the_first_batch(
-    api: JetStreamApi, make_stream, monkeypatch: pytest.MonkeyPatch
+    api: JetStreamApi, nats_server, make_stream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A pin's taking delivery whose reply the keeper never saw (lost under load: seen once in CI, an ack-none floor
     left at the delivered seq through a whole batch) still counts on the consumer. The round's check finds that one
@@ -105,7 +108,27 @@ def test_a_taking_whose_reply_was_lost_is_reset_away_before_the_first_batch(
             c: (0, 0) for c in consumers
         }
         assert sorted(keeper.pins) == sorted(set(consumers) - set(lost))
-        assert pin_holder(infos[lost[0]]) is not None  # the lost taking's pin, which nobody presents
+        lost_pin = pin_holder(infos[lost[0]])
+        assert lost_pin is not None  # the lost taking's pin, which nobody presents
         keeper.raise_error()  # one delivery is a taking's trace, not another client
+
+        # one trace per taking: a client that presents that pin and pulls one message is another client
+        body = json.dumps({"batch": 1, "expires": 2_000_000_000, "group": PRIORITY_GROUP, "id": lost_pin}).encode()
+        subject = api.subject("CONSUMER", "MSG", "NEXT", stream.name, lost[0])
+
+        async def pull_one() -> bytes:  # a subscription of its own: deliveries keep the stream's subjects
+            client = await nats.connect(nats_server.url)
+            try:
+                inbox = client.new_inbox()
+                delivery = await client.subscribe(inbox)
+                await client.publish(subject, body, reply=inbox)
+                return (await delivery.next_msg(timeout=5)).data
+            finally:
+                await client.close()
+
+        assert asyncio.run(pull_one())  # served: it presented the pin id
+        wait_for(lambda: keeper.error is not None, 10, "the keeper to find the other client")
+        with pytest.raises(GroupConfigError, match=rf"member consumer {lost[0]!r} .*\(1 delivery since the query"):
+            keeper.raise_error()
     finally:
         keeper.stop()
