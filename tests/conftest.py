@@ -158,38 +158,41 @@ LONGEST_FIRST = (
     "test_spark_versions.py",
     "test_driver_kill.py",
     "test_server_versions.py",
+    "test_cluster.py",  # idle
     "test_source.py",
     "test_silent_faults_query.py",
     "test_security.py",
+    "test_connection.py",  # idle
     "test_sink.py",
     "test_first_run.py",
     "test_leader_change_query.py",
+    "test_leader_changes.py",  # idle
     "test_faults.py",
     "test_speculation.py",
     "test_spark_connect.py",
+    "test_silent_servers.py",  # idle
     "test_exclusive.py",
     "test_pipelines.py",
     "test_notebooks.py",
     "test_read_modes.py",
-    "test_cluster.py",
     "test_atomic_writes.py",
-    "test_connection.py",
-    "test_leader_changes.py",
     "test_groupless.py",
     "test_kv.py",
     "test_speedups.py",
     "test_batch.py",
     "test_pipeline.py",
-    "test_silent_servers.py",
     "test_large_messages.py",
     "test_kv_consumers.py",
     "test_shared_stream.py",
     "test_options.py",
     "test_groups.py",
 )
-"""The files that take longest, longest first (their walls in a whole run with ``-n 3``: 11-180 s each, measured
+"""The files that take longest, longest first (their walls in a whole run with ``-n 3``: 11-250 s each, measured
 2026-11-28): each process takes the next file when it is done, so the short ones fill the end instead of one long
-file running alone. Only the order changes."""
+file running alone. The files that mostly wait (a frozen or killed server's timeouts: ``# idle``, at most a tenth of
+their wall on a CPU) sit between busy ones, so that two processes seldom wait at once while a core idles. Only the
+order changes; it holds because ``--no-loadscope-reorder`` (pyproject.toml) keeps xdist from sorting the files by
+their number of tests, as it does by default (it did until 2026-11-29: the 250 s files started last)."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
