@@ -78,6 +78,24 @@ def held_members(api: JetStreamApi, stream: Any, consumers: str) -> tuple[Member
     return members, [layout.consumer(member) for member in layout.member_names]
 
 
+def pull_one(url: str, api: JetStreamApi, stream: str, consumer: str, pin: str | None = None) -> bytes:
+    """Another client's pull of one message (with ``pin``: presenting that pin id), on a connection of its own."""
+    request = {"batch": 1, "expires": 2_000_000_000, "group": PRIORITY_GROUP, **({"id": pin} if pin else {})}
+    subject = api.subject("CONSUMER", "MSG", "NEXT", stream, consumer)
+
+    async def pull() -> bytes:  # a subscription of its own: deliveries keep the stream's subjects
+        client = await nats.connect(url)
+        try:
+            inbox = client.new_inbox()
+            delivery = await client.subscribe(inbox)
+            await client.publish(subject, json.dumps(request).encode(), reply=inbox)
+            return (await delivery.next_msg(timeout=5)).data
+        finally:
+            await client.close()
+
+    return asyncio.run(pull())
+
+
 def test_a_taking_whose_reply_was_lost_is_reset_away_before_the_first_batch(
     api: JetStreamApi, nats_server, make_stream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -113,22 +131,27 @@ def test_a_taking_whose_reply_was_lost_is_reset_away_before_the_first_batch(
         keeper.raise_error()  # one delivery is a taking's trace, not another client
 
         # one trace per taking: a client that presents that pin and pulls one message is another client
-        body = json.dumps({"batch": 1, "expires": 2_000_000_000, "group": PRIORITY_GROUP, "id": lost_pin}).encode()
-        subject = api.subject("CONSUMER", "MSG", "NEXT", stream.name, lost[0])
-
-        async def pull_one() -> bytes:  # a subscription of its own: deliveries keep the stream's subjects
-            client = await nats.connect(nats_server.url)
-            try:
-                inbox = client.new_inbox()
-                delivery = await client.subscribe(inbox)
-                await client.publish(subject, body, reply=inbox)
-                return (await delivery.next_msg(timeout=5)).data
-            finally:
-                await client.close()
-
-        assert asyncio.run(pull_one())  # served: it presented the pin id
+        assert pull_one(nats_server.url, api, stream.name, lost[0], lost_pin)  # served: it presented the pin id
         wait_for(lambda: keeper.error is not None, 10, "the keeper to find the other client")
         with pytest.raises(GroupConfigError, match=rf"member consumer {lost[0]!r} .*\(1 delivery since the query"):
             keeper.raise_error()
     finally:
         keeper.stop()
+
+
+def test_a_trace_being_reset_is_not_taken_for_another_client_by_a_commits_check(
+    api: JetStreamApi, nats_server, make_stream
+) -> None:
+    """A commit's RESET checks its consumer first (``before_reset``) and may do so between the round's check that
+    found a trace and that trace's RESET: the delivery is still the trace, not another client's. Once that RESET is
+    done, a delivery is another client's."""
+    stream = make_stream(30, partitions=3, consumers="none")
+    members, consumers = held_members(api, stream, "none")
+    keeper, consumer = PinKeeper(members), consumers[0]
+    assert pull_one(nats_server.url, api, stream.name, consumer)  # one delivery on the consumer
+    keeper.traced.add(consumer)
+    keeper.undoing.add(consumer)  # the round found the trace; its RESET waits for the commit's lock
+    assert api.conn.run(keeper.check(consumer)) == []
+    keeper.undoing.discard(consumer)  # reset: a delivery now is another client's
+    with pytest.raises(GroupConfigError, match=rf"member consumer {consumer!r} .*\(1 delivery since the query"):
+        api.conn.run(keeper.check(consumer))

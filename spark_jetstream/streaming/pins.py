@@ -248,8 +248,9 @@ class PinKeeper:
         ours, stream = self.pins.get(consumer), self.members.stream
         # the pin's own taking delivery may still be counted once after its RESET (measured: on a clustered
         # consumer, and rarely on one server under load), so more than one delivery is another client's, and so is
-        # one after that trace was reset
-        delivered, allowed = info["delivered"]["consumer_seq"], 0 if consumer in self.traced else 1
+        # one after that trace was reset (not while it is: a commit's RESET may check first)
+        reset = consumer in self.traced and consumer not in self.undoing
+        delivered, allowed = info["delivered"]["consumer_seq"], 0 if reset else 1
         if delivered > allowed or (pinned is not None and ours is not None and pinned != ours):
             what = (
                 f"{delivered} {'delivery' if delivered == 1 else 'deliveries'} since the query last reset it"
