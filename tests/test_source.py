@@ -71,9 +71,8 @@ def test_between_batches_every_ack_floor_equals_the_last_committed_offset(
     The floors are state the connector moves in the background: reading with Direct Get, the query takes each
     member's pin from the first batch on with one delivery that it then RESETs (``streaming/pins.py``), and on an
     ack-none consumer that delivery moves the floor until then. The first batch waits for that (at most 0.5 s), and a
-    delivery counted later is reset within a second (seen under load: ``{0, 2}`` at batch 0, and in CI ``{0, 3}``
-    for 5 s, before the keeper reset such traces). So they are read again until they equal the commit, for at most
-    5 s: a floor left elsewhere fails."""
+    delivery counted after its RESET is reset within a second. So they are read again until they equal the commit,
+    for at most 5 s: a floor left elsewhere fails."""
     stream = make_stream(3000, partitions=3, consumers=ack_policy)
     floors_seen: dict[int, set[int]] = {}
 

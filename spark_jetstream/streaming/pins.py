@@ -197,19 +197,24 @@ class PinKeeper:
         """Reset ``consumer``'s delivery away (it is in ``undoing``; a failed RESET leaves it there for the next
         round). ``counted``: consumer info showed it already."""
         async with self.members.locks[consumer]:  # not during a RESET of the commit's, and to the floor it set
-            await self._undo_delivery(consumer, counted)
+            if not counted:
+                await self._until_counted(consumer)
+            await self._reset_away(consumer)
         self.undoing.discard(consumer)
 
-    async def _undo_delivery(self, consumer: str, counted: bool) -> None:
-        """RESET the consumer to the committed watermark once the server has counted the taking delivery.
-        Measured on 2.15.1: the message can arrive before the server counts it, and a RESET sent at once
-        then lands first and the delivery stays counted (and would read as another client's)."""
-        stream = self.members.stream
-        for _ in range(0 if counted else _UNDO_TRIES):
-            info = await self.api.consumer_info_async(stream, consumer)
+    async def _until_counted(self, consumer: str) -> None:
+        """Wait (a bounded while) until the server has counted the taking delivery. Measured on 2.15.1: the message
+        can arrive before the server counts it, and a RESET sent at once then lands first and the delivery stays
+        counted (and would read as another client's)."""
+        for _ in range(_UNDO_TRIES):
+            info = await self.api.consumer_info_async(self.members.stream, consumer)
             if info["delivered"]["consumer_seq"] > 0:
-                break
+                return
             await asyncio.sleep(0.02)
+
+    async def _reset_away(self, consumer: str) -> None:
+        """RESET the consumer to the committed watermark, until no delivery is counted."""
+        stream = self.members.stream
         committed = self.members.acked_through or 0
         for _ in range(_UNDO_TRIES):
             info = await self.api.reset(stream, consumer, committed + 1)
