@@ -22,6 +22,8 @@ Each scenario is one module of ``bench/scenarios/`` that owns its measurement; t
   (``--first-batch-rounds``).
 * ``cold-job``: an ``availableNow`` job over ``--cold-messages`` in a fresh process, against the raw Direct Get loop.
 * ``leader-change``: a query on a 3-node cluster of its own through leader faults (``--leader-rounds``).
+* ``slow-server``: a streaming read and a streaming write on a server of their own capped at a tenth of a core for a
+  minute (root: a cgroup v1 CPU quota): no failed query, rows exact.
 * ``kv``: a KV bucket of ``--messages`` keys read as a table against the raw Direct Get loop, and its changes
   streamed at ``--rate`` puts/s (p50/p99 from put to row).
 * ``pull-reader``: the pinned pull reader against the raw pull loop, outside Spark (``--pull-partitions``,
@@ -81,6 +83,7 @@ from scenarios import (
     read,
     scaling,
     shapes,
+    slow_server,
     write,
 )
 from suite import READ_PARTITIONS, SIZE, WARMUP_MESSAGES, Suite, print_peaks, print_summary
@@ -102,6 +105,7 @@ RUNNERS: dict[str, Callable[[Suite], None]] = {
     "first-batch": first_batch.run,
     "cold-job": cold_job.run,
     "leader-change": leader_change.run,
+    "slow-server": slow_server.run,
     "pull-reader": pull_reader.run,
     "parser": parser.run,
     "kv": kv.run,

@@ -171,6 +171,7 @@ LONGEST_FIRST = (
     "test_speculation.py",
     "test_spark_connect.py",
     "test_silent_servers.py",  # idle
+    "test_slow_servers.py",  # idle
     "test_exclusive.py",
     "test_pipelines.py",
     "test_notebooks.py",

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from spark_jetstream.client.connection import (
-    DIRECT_ATTEMPT,
     DIRECT_FIRST_REPLY,
+    DIRECT_MAX_WAIT,
     Connection,
     ConnectionOptions,
     connect,
@@ -216,17 +216,18 @@ def test_a_connection_a_spark_worker_made_stops_dialing_a_server_gone_for_good(s
     assert not _dialed(server.port, 3), "a Spark worker's connection still dials a server gone for good"
 
 
-def test_a_direct_get_waits_a_fraction_of_an_attempt_for_its_first_reply_and_backs_off():
+def test_a_direct_get_waits_a_fraction_of_a_second_for_its_first_reply_and_backs_off():
     """``Connection.direct_wait``: a silent replica swallows its share of Direct Gets, so a first reply is waited for
-    briefly (four times the slowest recent one, at least ``DIRECT_FIRST_REPLY``), longer per unanswered attempt (a
-    busy server is asked less often), never past ``DIRECT_ATTEMPT``; a slow reply is forgotten gradually."""
+    briefly (four times the slowest recent one, at least ``DIRECT_FIRST_REPLY``), twice as long per attempt in a row
+    that ran out (a busy server is asked less often, and a slow one is waited for), never past ``DIRECT_MAX_WAIT``; a
+    slow reply is forgotten gradually."""
     conn = Connection(ConnectionOptions(servers=("nats://127.0.0.1:4222",)), None, None)  # type: ignore[arg-type]
-    assert [conn.direct_wait(n) for n in range(4)] == [DIRECT_FIRST_REPLY, 0.5, DIRECT_ATTEMPT, DIRECT_ATTEMPT]
+    assert [conn.direct_wait(n) for n in range(7)] == [DIRECT_FIRST_REPLY, 0.5, 1, 2, 4, DIRECT_MAX_WAIT, 8]
     conn.replied(0.002)
     assert conn.direct_wait(0) == DIRECT_FIRST_REPLY
     conn.replied(0.1)
     assert conn.direct_wait(0) == pytest.approx(0.4) and conn.direct_wait(1) == pytest.approx(0.8)
-    assert conn.direct_wait(2) == DIRECT_ATTEMPT
+    assert conn.direct_wait(2) == pytest.approx(1.6)
     conn.replied(0.01)
     assert conn.direct_wait(0) == pytest.approx(4 * 0.08)
     for _ in range(20):

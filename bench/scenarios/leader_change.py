@@ -305,22 +305,24 @@ def write_target_fault(
         injected.watcher.join(NEW_ROWS_WAIT)
     gap = longest_commit_gap([t for t, _ in commits(checkpoint)], at, at + (new_rows or NEW_ROWS_WAIT))
     query.stop()
-    committed, planned = commits(checkpoint)[-1][1], _planned_end(checkpoint)
-    if (wrong := _not_exactly_once(spark, servers, first, committed, planned)) and failed == "no":
+    committed, planned = commits(checkpoint)[-1][1], planned_end(checkpoint)
+    if (wrong := not_exactly_once(spark, servers, STREAM, TARGET, first, committed, planned)) and failed == "no":
         failed = wrong
     elected, restarted = injected.elected, f" ({restarts} restarts)" if restarts else ""
     return Result("write target, frozen", injected.victim_name, injected.led, elected, elected, new_rows, gap,
                   failed + restarted)  # fmt: skip
 
 
-def _planned_end(checkpoint: Path) -> int:
+def planned_end(checkpoint: Path) -> int:
     """The end seq of the last batch the query planned (committed or not: a stop can cut one short)."""
     last = max((checkpoint / "offsets").glob("[0-9]*"), key=lambda path: int(path.name))
     return int(json.loads(last.read_text().strip().splitlines()[-1])["seq"])
 
 
-def _not_exactly_once(spark: SparkSession, servers: str, first: int, committed: int, planned: int) -> str:
-    """'' when ``TARGET`` holds the payload of each of the stream's messages ``first`` to ``committed`` once, and
+def not_exactly_once(
+    spark: SparkSession, servers: str, stream: str, target: str, first: int, committed: int, planned: int
+) -> str:
+    """'' when ``target`` holds the payload of each of ``stream``'s messages ``first`` to ``committed`` once, and
     nothing else but the stream's messages up to ``planned`` (the batch the stop cut short wrote part of its rows:
     a restart would write them again under the same msg ids); else what differs."""
 
@@ -328,9 +330,9 @@ def _not_exactly_once(spark: SparkSession, servers: str, first: int, committed: 
         reader = spark.read.format("jetstream").options(servers=servers, **options)
         return [bytes(row.data) for row in reader.load().select("data").collect()]
 
-    written = payloads(stream=TARGET)
-    must = set(payloads(stream=STREAM, startingPosition=first, endingPosition=committed))
-    may = set(payloads(stream=STREAM, startingPosition=first, endingPosition=planned))
+    written = payloads(stream=target)
+    must = set(payloads(stream=stream, startingPosition=first, endingPosition=committed))
+    may = set(payloads(stream=stream, startingPosition=first, endingPosition=planned))
     doubled, missing, foreign = len(written) - len(set(written)), len(must - set(written)), len(set(written) - may)
     if doubled or missing or foreign:
         return f"target not exact: {doubled} doubled, {missing} committed and missing, {foreign} not from the stream"

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -30,6 +31,7 @@ __all__ = [
     "CLUSTER_BUSY_CODES",
     "DIRECT_ATTEMPT",
     "DIRECT_FIRST_REPLY",
+    "DIRECT_MAX_WAIT",
     "DISCONNECTED",
     "JETSTREAM_ABSENT",
     "JETSTREAM_ELECTING",
@@ -54,6 +56,10 @@ DIRECT_FIRST_REPLY = 0.25
 """The least a Direct Get waits for its first reply before asking again (``Connection.direct_wait``): the replicas
 share Direct Gets at random, a silent one swallowing its share of every reader's requests for as long as its
 routes stay up (decision 0026), so each lost one must cost little."""
+DIRECT_MAX_WAIT = 8.0
+"""The most a Direct Get waits for a reply before asking again, reached by doubling the wait per attempt that got
+none: a server short of CPU answers seconds late, and one asked again sooner than it answers never gets ahead (the
+earlier requests' work is done all the same; a reply to an abandoned inbox is lost)."""
 
 JETSTREAM_UP = "up"
 JETSTREAM_ELECTING = "electing"
@@ -133,11 +139,11 @@ class Connection:
         found, shown = server_version(self.client)
         require(found, shown, server_address(self.client, self.options), feature, fix)
 
-    def direct_wait(self, unanswered: int) -> float:
-        """Seconds a Direct Get waits for its first reply after ``unanswered`` attempts of it got none: four times
-        the slowest recent first reply and at least ``DIRECT_FIRST_REPLY``, doubled per unanswered attempt (a busy
-        server is asked less often, not given up on), at most ``DIRECT_ATTEMPT``."""
-        return min(DIRECT_ATTEMPT, max(DIRECT_FIRST_REPLY, 4 * self.reply_time) * 2**unanswered)
+    def direct_wait(self, stalled: int) -> float:
+        """Seconds a Direct Get waits for its first reply after ``stalled`` attempts of it in a row ran out of time:
+        four times the slowest recent first reply and at least ``DIRECT_FIRST_REPLY``, doubled per such attempt (a
+        busy server is asked less often, not given up on), at most ``DIRECT_MAX_WAIT``."""
+        return min(DIRECT_MAX_WAIT, max(DIRECT_FIRST_REPLY, 4 * self.reply_time) * 2**stalled)
 
     def replied(self, seconds: float) -> None:
         """A Direct Get's first reply came ``seconds`` after its request (``direct_wait``)."""
@@ -172,6 +178,27 @@ class Connection:
     @property
     def api_timeout(self) -> float:
         return self.options.api_timeout
+
+    def out_of_time(self, started: float) -> float:
+        """The deadline (seconds) a request that has got nowhere since ``started`` (``time.monotonic()``) has run out
+        of, 0 while it has not: ``requestTimeout`` (60 s, Kafka's ``default.api.timeout.ms``) while its server answers
+        the connection (a server short of CPU or working off a backlog answers late), ``api_timeout`` (15 s) while
+        none does (down, frozen, cut off)."""
+        waited = time.monotonic() - started
+        if waited >= self.options.request_timeout:
+            return self.options.request_timeout
+        return self.api_timeout if waited >= self.api_timeout and not self.client.answering() else 0.0
+
+    def unanswered(self, what: str, waited: float, seen: str = "") -> str:
+        """The give-up sentence for a request the server it went through answered the connection around: slow, not
+        silent. ``what``: the request ("Direct Get on stream 'S'"); ``seen``: what its attempts met."""
+        return (
+            f"{what} got no answer within {waited:g}s{f' ({seen})' if seen else ''} through {self.server_url}, "
+            "which answered the connection's pings all along: the server is up but too slow to answer (short of CPU "
+            "or disk, or working off a backlog), or the JetStream leader it needs was not elected. Check the "
+            f"server's load (`nats server list`), or wait longer with requestTimeout (now "
+            f"{self.options.request_timeout:g}s)."
+        )
 
     async def subscribe_raw(
         self,

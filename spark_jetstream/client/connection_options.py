@@ -15,6 +15,13 @@ from spark_jetstream.errors import redact
 DEFAULT_SERVERS = ("nats://127.0.0.1:4222",)
 DEFAULT_CONNECT_TIMEOUT = 5.0
 """Seconds to try to reach a server before failing."""
+DEFAULT_REQUEST_TIMEOUT = 60.0
+"""Seconds a request is waited for and asked again while its server answers the connection, before the task or query
+fails: Kafka's ``default.api.timeout.ms``. A server starved of CPU or working off a backlog answers late, not never."""
+NO_ANSWER_TIMEOUT = 15.0
+"""Seconds a request keeps trying while no server answers the connection at all (down, frozen, cut off): enough for a
+restart or a leader election (a raft election takes 4-9 s after a crash; measured at 10 s, a planning call once ran
+out)."""
 DEFAULT_SILENCE_TIMEOUT = 3.0
 """Seconds a connected server may send nothing, though pinged, before the connection moves to another server: a
 frozen server or a silent partition sends no reset, and a JetStream cluster elects new leaders in 2-5 s."""
@@ -41,6 +48,7 @@ class ConnectionOptions:
     """The prefix an imported JetStream API is reached under (option ``apiPrefix``)."""
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     silence_timeout: float = DEFAULT_SILENCE_TIMEOUT
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
@@ -48,9 +56,9 @@ class ConnectionOptions:
 
     @property
     def api_timeout(self) -> float:
-        """How long API requests keep trying: long enough for a server restart or a leader election (a
-        raft election takes 4-9 s after a crash; measured at 10 s, a planning call once ran out)."""
-        return max(self.connect_timeout, 15.0)
+        """How long a request keeps trying while no server answers the connection (``NO_ANSWER_TIMEOUT``, at least
+        the connect timeout, at most ``request_timeout``): while one answers, ``request_timeout``."""
+        return min(max(self.connect_timeout, NO_ANSWER_TIMEOUT), self.request_timeout)
 
     @property
     def api_prefix(self) -> str:

@@ -148,7 +148,7 @@ class JetStreamApi:
         the names cannot be asked but JetStream answers, a not-found that lasts ``NOT_FOUND_GRACE`` is believed.
         """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.conn.api_timeout
+        deadline = loop.time() + self.conn.options.request_timeout
         unconfirmed = 0.0  # when a not-found that the meta leader could not confirm was first seen
         store_failed = 0.0  # when a create first failed to make its store (``STORE_RACE``)
 

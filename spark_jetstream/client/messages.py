@@ -147,7 +147,6 @@ async def direct_gets_async(api: JetStreamApi, stream: str, request: dict[str, A
     attempt are ignored)."""
     conn = api.conn
     started = time.monotonic()
-    deadline = started + conn.api_timeout
     attempts = 0
     while True:
         found = await _direct_gets_once(api, stream, request, conn.direct_wait(attempts))
@@ -156,11 +155,14 @@ async def direct_gets_async(api: JetStreamApi, stream: str, request: dict[str, A
             return found
         if (refused := conn.client.refused(f"{api.prefix}.DIRECT.GET.{stream}", started)) is not None:
             raise NotPermittedError(not_permitted(*refused, f"stream {stream!r}"))
-        if time.monotonic() >= deadline:
+        if deadline := conn.out_of_time(started):
+            what = f"Direct Get on stream {stream!r}"
+            silence = conn.client.silence_since(started)
+            if conn.client.answering() and not silence:
+                raise ClusterUnavailableError(conn.unanswered(what, deadline, f"{attempts} requests"))
             raise ClusterUnavailableError(
-                f"Direct Get on stream {stream!r} got no answer from any replica within {conn.api_timeout:g}s "
-                f"({attempts} requests through {conn.server_url}){conn.client.silence_since(started)}: are its "
-                "servers up and reachable?"
+                f"{what} got no answer from any replica within {deadline:g}s ({attempts} requests through "
+                f"{conn.server_url}){silence}: are its servers up and reachable?"
             )
 
 
@@ -179,7 +181,7 @@ async def _direct_gets_once(
         found: list[DirectMessage] = []
         while True:
             try:
-                msg = await sub.next_msg(timeout=DIRECT_ATTEMPT if found else first_wait)
+                msg = await sub.next_msg(timeout=max(DIRECT_ATTEMPT, first_wait) if found else first_wait)
             except ConnectionClosedError:
                 raise ConnectError(f"The connection to {api.conn.server_url} is closed.") from None
             except NatsTimeoutError:

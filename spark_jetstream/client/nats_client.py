@@ -79,7 +79,7 @@ class RawClient(_NatsClient):
         self.violations: dict[tuple[str, str], float] = {}  # ("publish" or "subscription", subject) -> when
         self.silence_timeout = silence_timeout
         self.silenced: dict[str, tuple[float, float]] = {}  # "host:port" -> (when left, seconds it was silent)
-        self._heard = True  # bytes came from the server since the last look (``_ping_interval``)
+        self.heard_at = time.monotonic()  # when bytes last came from a server (``_ping_interval``, ``answering``)
         self._tried: dict[str, float] = {}  # "host:port" -> when a reconnect last tried it (``next_server``)
         self._moved: asyncio.Future[None] | None = None  # done at the next reconnect (``moved``)
 
@@ -142,7 +142,7 @@ class RawClient(_NatsClient):
                     await self._process_op_err(eof)
                     return
                 data = await self._transport.read(READ_SIZE)
-                self._heard = True
+                self.heard_at = time.monotonic()
                 await self._ps.parse(data)
                 if len(data) < GATHER_BELOW and self._owed() >= GATHER_OWED:
                     await self._gather()
@@ -170,9 +170,10 @@ class RawClient(_NatsClient):
         while True:
             await asyncio.sleep(tick)
             now = time.monotonic()
+            heard = self.heard_at >= last
             late, last = now - last > 2 * tick, now
-            if self._heard or not self.is_connected:
-                self._heard, silent = False, 0.0
+            if heard or not self.is_connected:
+                silent = 0.0
                 continue
             if late:
                 continue
@@ -200,6 +201,11 @@ class RawClient(_NatsClient):
         if writer is not None:
             writer.transport.abort()
         await self._process_op_err(StaleConnectionError())
+
+    def answering(self) -> bool:
+        """Whether the server this connection is on answers it: connected, and heard from within the silence timeout
+        (pinged when quiet, so a live server is heard at least that often)."""
+        return self.is_connected and time.monotonic() - self.heard_at < self.silence_timeout
 
     def silence_since(self, since: float) -> str:
         """What a request left unanswered since ``since`` (``time.monotonic()``) may be explained by: the servers

@@ -50,7 +50,7 @@ async def request(
     answer: Callable[[bytes], Awaitable[T]] | None = None,
     unanswered: Callable[[], Awaitable[None]] | None = None,
 ) -> T | bytes:
-    """Ask ``subject`` until it is answered, for up to the connection's API timeout.
+    """Ask ``subject`` until it is answered, or ``conn.out_of_time``: a slow server is waited for, a silent one not.
 
     ``answer(data)`` turns a reply into the result, or raises ``Retry`` (ask again) or a final error; without it
     the reply's bytes are the result. ``unanswered()`` runs after an attempt that timed out, or found no
@@ -60,15 +60,13 @@ async def request(
     connect timeout. ``asset`` ("consumer 'c' on stream 's'") names what the give-up message talks about.
     """
     loop = asyncio.get_running_loop()
-    timeout = conn.api_timeout
     started = loop.time()
-    deadline = started + timeout
-    responder_deadline = loop.time() + min(timeout, conn.options.connect_timeout)  # a wrong domain: sooner
+    responder_deadline = started + min(conn.api_timeout, conn.options.connect_timeout)  # a wrong domain: sooner
     watch = _ClusterWatch(conn, subject)
     delay = 0.05
     try:
         while True:
-            attempt = max(0.05, min(deadline - loop.time(), ATTEMPT_TIMEOUT))
+            attempt = max(0.05, min(started + conn.options.request_timeout - loop.time(), ATTEMPT_TIMEOUT))
             try:
                 reply = await _unless_moved(conn, conn.client.request(subject, payload, timeout=attempt))
                 if reply is None:
@@ -114,8 +112,8 @@ async def request(
                     await unanswered()
             except ConnectionClosedError:
                 raise ConnectError(f"The connection to {conn.server_url} is closed.") from None
-            if loop.time() + delay >= deadline:
-                raise ClusterUnavailableError(await watch.explain(timeout, asset))
+            if deadline := conn.out_of_time(started - delay):
+                raise ClusterUnavailableError(await watch.explain(deadline, asset))
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
     finally:
@@ -192,7 +190,8 @@ class _ClusterWatch:
 
     async def explain(self, timeout: float, asset: str) -> str:
         """The give-up message, from a last look at JetStream: the actionable sentence first. A request about a
-        named stream or consumer (``asset``) that JetStream answers around has lost its leader."""
+        named stream or consumer (``asset``) that JetStream answers around has lost its leader; one that only timed
+        out while its server answered the connection met a slow server."""
         named, asset = bool(asset), asset or self.subject
         self.close()
         if self.subject != f"{self.conn.options.api_prefix}.INFO":
@@ -209,16 +208,18 @@ class _ClusterWatch:
                 f"The connection to NATS ({self.conn.options.shown_servers}) was down and did not come back "
                 f"{within} while asking about {asset}: check that the servers are running ({seen})."
             )
+        if self.jetstream == JETSTREAM_UP and (named or set(self.seen) != {"timeout"}):
+            return (
+                f"The leader of {asset} changed and no new leader answered {within} ({seen}); JetStream itself "
+                "answers. Check that a majority of its replicas is up (`nats stream info` / `nats consumer info`)."
+            )
+        if set(self.seen) == {"timeout"} and self.conn.client.answering():
+            return self.conn.unanswered(f"A request about {asset}", timeout, seen)
         if self.jetstream == JETSTREAM_ELECTING:
             return (
                 f"The JetStream meta leader is being elected: no server answered about {asset} {within} "
                 f"({seen}). The cluster lost its meta leader (a server stopped or restarted) and no new one was "
                 "elected in time; check that a majority of the servers is up (`nats server report jetstream`)."
-            )
-        if self.jetstream == JETSTREAM_UP and (named or set(self.seen) != {"timeout"}):
-            return (
-                f"The leader of {asset} changed and no new leader answered {within} ({seen}); JetStream itself "
-                "answers. Check that a majority of its replicas is up (`nats stream info` / `nats consumer info`)."
             )
         return (
             f"{self.subject} got no answer from {self.conn.server_url} {within} ({seen}): is the server up, or is "

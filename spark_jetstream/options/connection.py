@@ -7,8 +7,10 @@ from typing import Any
 
 from spark_jetstream.client.connection_options import (
     DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SERVERS,
     DEFAULT_SILENCE_TIMEOUT,
+    NO_ANSWER_TIMEOUT,
 )
 from spark_jetstream.options.option import ALL, Option
 from spark_jetstream.options.parsers import (
@@ -65,6 +67,17 @@ CONNECTION: tuple[Option, ...] = (
         DEFAULT_CONNECT_TIMEOUT,
         "How long to try to reach a server before failing (e.g. `5s`).",
         minimum=0.1,
+    ),
+    _connection(
+        "requestTimeout",
+        parse_duration,
+        DEFAULT_REQUEST_TIMEOUT,
+        "How long a read, write or JetStream API request is waited for and asked again, while the server it goes "
+        "through answers the connection, before the task or query fails (Kafka's `default.api.timeout.ms`): a "
+        "server short of CPU, or working off a backlog, answers late. While no server answers at all (down, frozen, "
+        f"cut off) a request gives up after {NO_ANSWER_TIMEOUT:g} s (or `connectTimeout`, if longer), or this, if "
+        "shorter.",
+        minimum=1.0,
     ),
     _connection(
         "silenceTimeout",

@@ -188,14 +188,14 @@ class _DirectReader:
 
         A request sent into a connection that then dropped (its server died), or routed to a silent replica
         (frozen, cut off), is never answered, and while a stream has no responding replica the server answers 503:
-        without a first reply within ``conn.direct_wait`` (a fraction of a second) or a next one within
-        ``DIRECT_ATTEMPT``, or on a 503, the rest is asked for again on a new inbox (late replies to the old request
-        are ignored), until ``api_timeout`` passes without progress.
+        without a first reply within ``conn.direct_wait`` (a fraction of a second, doubled per attempt in a row that
+        ran out) or a next one within ``DIRECT_ATTEMPT`` (or that wait, if longer), or on a 503, the rest is asked for
+        again on a new inbox (late replies to the old request are ignored), until ``conn.out_of_time`` without
+        progress: a slow server is waited for, a silent one is not. The batch ends at its end status, or as soon as
+        the range's last seq is read (a slow server's end status may come seconds later).
         """
-        loop = asyncio.get_running_loop()
-        started = time.monotonic()
-        deadline = loop.time() + self.conn.api_timeout
-        unanswered = 0  # attempts in a row that got no reply at all
+        started = time.monotonic()  # when this batch last made progress
+        stalled = 0  # attempts in a row that ran out of time (``conn.direct_wait``)
         while True:
             wanted = min(self.range.direct_batch, self.range.end - self.last)
             request = {
@@ -209,28 +209,23 @@ class _DirectReader:
             self.batch_done.clear()
             await self.conn.client.publish(self.subject, json.dumps(request).encode(), reply=self.inbox)
             sent_at = time.monotonic()
-            wait = self.conn.direct_wait(unanswered)
+            wait = self.conn.direct_wait(stalled)
             while not self.batch_done.is_set():
                 heard = self.received
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.batch_done.wait(), wait)
                 if self.received > heard:
-                    deadline = loop.time() + self.conn.api_timeout  # messages flow: not stuck
-                    wait = DIRECT_ATTEMPT
+                    started = time.monotonic()  # messages flow: not stuck
+                    wait = max(DIRECT_ATTEMPT, self.conn.direct_wait(stalled))
                 elif not self.batch_done.is_set():
                     break  # nothing for a whole attempt: ask again
             if self.answered_at is not None:
                 self.conn.replied(self.answered_at - sent_at)
             if self.batch_done.is_set() and not self.unavailable:
                 break
-            unanswered = 0 if self.answered_at is not None else unanswered + 1
-            if loop.time() >= deadline:
-                raise ClusterUnavailableError(
-                    f"Direct Get on stream {self.range.stream!r} got no answer within {self.conn.api_timeout:g}s "
-                    f"(seq {self.last} read of {self.range.end}) through {self.conn.server_url}"
-                    f"{self.conn.client.silence_since(started)}: no replica of the stream answers; are its servers "
-                    "up and reachable?"
-                )
+            stalled += not self.unavailable
+            if deadline := self.conn.out_of_time(started):
+                raise ClusterUnavailableError(self._gave_up(started, deadline))
             log.info(
                 "Asking stream %s again for %s from seq %d: %s %.2f s through %s (%d of %d received)",
                 self.range.stream,
@@ -249,6 +244,24 @@ class _DirectReader:
             raise ReaderError(self.error)
         if self.last >= self.range.end:
             self.done = True
+
+    def _gave_up(self, started: float, deadline: float) -> str:
+        """Why the read stopped: no replica answered (503s), no server answered the connection, or a slow one."""
+        what = f"Direct Get on stream {self.range.stream!r}"
+        where = f"seq {self.last} read of {self.range.end}"
+        if silence := self.conn.client.silence_since(started):
+            return f"{what} got no answer within {deadline:g}s ({where}){silence}."
+        if self.unavailable:
+            return (
+                f"{what} was answered 503 (no replica answers) for {deadline:g}s ({where}) through "
+                f"{self.conn.server_url}: is a majority of the stream's servers up?"
+            )
+        if not self.conn.client.answering():
+            return (
+                f"{what} got no answer within {deadline:g}s ({where}): the connection to NATS "
+                f"({self.conn.options.shown_servers}) was down and did not come back; check that the servers run."
+            )
+        return self.conn.unanswered(what, deadline, where)
 
     def _bulk(self, sid: int) -> BulkHandler:
         """Bulk handler of the Direct Get inbox (``protocol.direct_replies_handler``): takes runs of replies straight
@@ -300,6 +313,8 @@ class _DirectReader:
             self.received += kept.count
             self.pending = int(pending) if pending is not None else -1
             self.last = kept.last
+        if self.done or self.last >= self.range.end:
+            self.batch_done.set()  # the range is read: its end status need not be waited for
 
     async def _leader_has_more(self) -> bool:
         """Whether the stream leader holds a matching message in ``(last, end]`` (read-after-write)."""

@@ -9,6 +9,7 @@ test can cut one off from the others and from every client, silently, and heal i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -88,6 +89,9 @@ def _stopped(pid: int) -> bool:
             return False
     return True
 
+
+CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")
+"""Where the cgroup v1 ``cpu`` controller is mounted (``EmbeddedServer.starve``)."""
 
 _IP = shutil.which("ip") or "/sbin/ip"
 """iproute2, for servers in network namespaces (``IsolatedNetwork``): by path, as the start-up shim execs it."""
@@ -234,6 +238,8 @@ class EmbeddedServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(5)
+        if self.process:
+            self._ended(self.process)
         self.process = None
 
     def freeze(self, wait: float = 5.0) -> None:
@@ -255,11 +261,45 @@ class EmbeddedServer:
         if self.process is not None:
             self.process.send_signal(signal.SIGCONT)
 
+    def starve(self, cpus: float | None) -> None:
+        """Cap the server's CPU at ``cpus`` cores, or lift the cap (None): a server starved of CPU, as on an
+        overloaded host, answers late but answers. A cgroup v1 ``cpu`` group of its own whose quota caps the
+        process (Linux, root, the ``cpu`` controller mounted at ``CPU_CGROUPS``)."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            raise JetStreamError(f"nats-server {self.name} is not running: nothing to starve")
+        group = self._cpu_group(process.pid)
+        try:
+            if cpus is None:
+                if group.exists():
+                    (CPU_CGROUPS / "cgroup.procs").write_text(str(process.pid))
+                    group.rmdir()
+                return
+            group.mkdir(exist_ok=True)
+            (group / "cpu.cfs_period_us").write_text("100000")
+            (group / "cpu.cfs_quota_us").write_text(str(max(1000, round(cpus * 100_000))))
+            (group / "cgroup.procs").write_text(str(process.pid))
+        except OSError as exc:
+            raise JetStreamError(
+                f"Cannot cap nats-server {self.name}'s CPU through {group} (needs root and the cgroup v1 cpu "
+                f"controller): {exc}"
+            ) from None
+
+    def _cpu_group(self, pid: int) -> Path:
+        return CPU_CGROUPS / f"spark-jetstream-{self.name}-{pid}"
+
+    def _ended(self, process: subprocess.Popen[bytes]) -> None:
+        """What an ended process leaves: the cgroup ``starve`` made for it."""
+        with contextlib.suppress(OSError):
+            self._cpu_group(process.pid).rmdir()
+
     def kill(self) -> None:
         """Crash the server (SIGKILL)."""
         if self.process and self.process.poll() is None:
             self.process.kill()
             self.process.wait(5)
+        if self.process:
+            self._ended(self.process)
         self.process = None
 
     def close(self) -> None:
