@@ -22,6 +22,7 @@ from helpers import (
 )
 from pyspark.sql import functions as F
 
+from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.progress_markers import is_marker
 from spark_jetstream.client.publish import publish_all
@@ -131,6 +132,34 @@ def test_two_attempts_at_once_store_every_row_once(conn, api, atomic_stream):
     assert Counter(data_rows(api)).most_common(1)[0][1] == 1
     assert sum(r.published for r in results) == 2000
     assert all(r.published + r.skipped == 2000 for r in results)
+
+
+def test_rows_are_committed_through_the_election_after_the_stream_leader_died(nats_cluster, cluster_api):
+    """The stream's leader is killed as a task starts writing (its marker read): until a new one is elected no stream
+    takes a batch (its commit is answered 503, no responders; a query failed so), so each batch is sent again after
+    reading the marker, and once the new leader is up every row is stored once."""
+    api = cluster_api
+    config = {"name": "AT", "subjects": ["at.>", "atp.>"], "allow_atomic": True, "num_replicas": 3}
+    api.create_stream({**config, "storage": "file", "allow_direct": True})
+    leader_name = wait_for(lambda: api.stream_info("AT")["cluster"].get("leader"), 30, "the stream's leader")
+    leader = next(server for server in nats_cluster.servers if server.name == leader_name)
+    follower = next(server for server in nats_cluster.servers if server is not leader)
+    options = ConnectionOptions(servers=(follower.url,))
+
+    def killed_first() -> Iterator[pa.RecordBatch]:
+        leader.kill()
+        yield from rows(0, 1000)
+
+    try:
+        result = writer(connect(options)).write(killed_first())
+    finally:
+        leader.start()
+        disconnect(options)
+    try:
+        assert (result.published, result.skipped) == (1000, 0)
+        assert sorted(data_rows(api)) == list(range(1000))
+    finally:
+        api.delete_stream("AT")
 
 
 def test_an_attempt_of_an_older_batch_publishes_nothing(conn, api, atomic_stream):

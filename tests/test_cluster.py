@@ -13,7 +13,7 @@ import pytest
 from helpers import query_not_failed, slow_parquet_query, wait_for
 
 from spark_jetstream.client.connection import DIRECT_ATTEMPT, ConnectionOptions, connect, disconnect
-from spark_jetstream.client.publish import MSG_ID_HEADER, Publisher, command, header_block, publish_all
+from spark_jetstream.client.publish import MSG_ID_HEADER, Publisher, PublishError, command, header_block, publish_all
 from spark_jetstream.errors import ClusterUnavailableError
 from spark_jetstream.groups.layout import member_consumer_config, partition_filters, partitioned_stream_config
 from spark_jetstream.read.direct import read_range
@@ -68,10 +68,13 @@ def leader_and_follower(cluster, api, stream: str):
     )
 
 
-def test_publishes_a_frozen_stream_leader_swallowed_are_sent_again_and_stored_once(nats_cluster, cluster_api):
-    """The stream's leader freezes mid-write (SIGSTOP: no connection closes) while the writer's own server is well:
-    what was routed to the frozen leader gets no PubAck; sent again with its msg ids, the new leader stores it, each
-    message once, before the frozen server thaws (decision 0026)."""
+@pytest.mark.parametrize("fault", ["frozen", "killed"])
+def test_publishes_a_lost_stream_leader_did_not_store_are_sent_again_and_stored_once(nats_cluster, cluster_api, fault):
+    """The stream's leader freezes (SIGSTOP: no connection closes) or dies (SIGKILL) mid-write while the writer's own
+    server is well: what was routed to the frozen leader gets no PubAck, and while the stream elects a new leader
+    after a kill no stream takes a message (503, no responders: a query failed so, four task attempts within 2 s).
+    Sent again with its msg ids, the new leader stores it, each message once, before the server is back (decision
+    0026)."""
     api = cluster_api
     api.create_stream({"name": "FW", "subjects": ["fw.>"], "num_replicas": 3, "storage": "file", "allow_direct": True})
     frozen, follower = leader_and_follower(nats_cluster, api, "FW")
@@ -91,7 +94,7 @@ def test_publishes_a_frozen_stream_leader_swallowed_are_sent_again_and_stored_on
         while publisher.outstanding:
             await asyncio.sleep(0.01)
         assert frozen.process is not None
-        frozen.freeze()
+        frozen.freeze() if fault == "frozen" else frozen.kill()
         await publisher.send(b"".join(commands[before:]), count - before)
         await publisher.finish()
         return time.monotonic()
@@ -99,12 +102,16 @@ def test_publishes_a_frozen_stream_leader_swallowed_are_sent_again_and_stored_on
     frozen_at = time.monotonic()
     try:
         done_at = conn.run(write(), timeout=90)
-        assert frozen.process.poll() is None  # still frozen
+        assert frozen.process is None if fault == "killed" else frozen.process.poll() is None  # still down
     finally:
-        frozen.thaw()
+        if fault == "frozen":
+            frozen.thaw()
+        else:
+            frozen.start()
         conn.run(publisher.close(), timeout=10)
         disconnect(options)
     assert publisher.resent >= count - before
+    assert (publisher.not_taken > 0) == (fault == "killed"), publisher.not_taken
     assert publisher.result.count == count  # each message's first PubAck counted, the repeats of those sent again not
     print(f"\n{count - before} stored {done_at - frozen_at:.1f} s after the leader froze; {publisher.resent} resent")
     state = api.stream_info("FW")["state"]
@@ -112,6 +119,28 @@ def test_publishes_a_frozen_stream_leader_swallowed_are_sent_again_and_stored_on
     stored = [api.call(("STREAM", "MSG", "GET", "FW"), {"seq": seq}, "read")["message"] for seq in range(1, count + 1)]
     assert sorted(int(base64.b64decode(message["data"])[1:]) for message in stored) == list(range(count))
     api.delete_stream("FW")
+
+
+def test_a_publish_no_stream_captures_fails_within_seconds_with_msg_ids_too(cluster_api):
+    """A 503 is also what a subject no stream captures gets: the meta leader, asked once, says so, and the write fails
+    at once instead of sending it again until ``publishTimeout``."""
+    conn = cluster_api.conn
+    publisher = conn.run(Publisher(conn, window=10, timeout=60, resend=True).open())
+    first = publisher.reserve(1, lambda _: "nowhere.x")
+    reply = publisher.reply_prefix + str(first).encode()
+    message = command(b"nowhere.x", reply, b"m", header_block({MSG_ID_HEADER: "n"}))
+
+    async def write() -> None:
+        await publisher.send(message, 1)
+        await publisher.finish()
+
+    began = time.monotonic()
+    try:
+        with pytest.raises(PublishError, match="to 'nowhere.x' failed: 503: no stream captures this subject"):
+            conn.run(write(), timeout=30)
+    finally:
+        conn.run(publisher.close(), timeout=10)
+    assert time.monotonic() - began < 5
 
 
 def current_replicas(api, stream: str) -> int:

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import json
 import logging
 import re
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from nats.errors import Error as NatsError
 
 from spark_jetstream.client.connection import ATTEMPT_TIMEOUT, Connection
 from spark_jetstream.client.nats_client import RawClient
@@ -55,6 +58,7 @@ _SEQ = re.compile(rb'"seq":(\d+)')
 _STREAM = re.compile(rb'"stream":"([^"]*)"')
 _DESCRIPTION = re.compile(rb'"description":"((?:[^"\\]|\\.)*)"')
 _ERR_CODE = re.compile(rb'"err_code":(\d+)')
+_NO_RESPONDERS = STATUS_PREFIX + b"503"
 _HEADER_KEY = re.compile(r"^[!-9;-~]+$")  # printable ASCII without ':' and spaces, as the protocol needs
 
 
@@ -153,6 +157,8 @@ class Publisher:
         self._room = asyncio.Event()  # set when the window has room again (or something failed)
         self._idle = asyncio.Event()  # set when nothing is outstanding (or something failed)
         self._sid: int | None = None
+        self.not_taken = 0  # answers 503, no responders: no stream took the message (``_not_taken``)
+        self._capture_check: asyncio.Future[None] | None = None
         # a run's PubAcks one by one: (token, PubAck) (the run pattern keeps each PubAck on one line)
         self._acks_in = re.compile(rb"MSG %b(\d++) [^\r\n]*+\r\n([^\r\n]*+)\r\n" % re.escape(self.reply_prefix))
 
@@ -166,6 +172,8 @@ class Publisher:
         return self
 
     async def close(self) -> None:
+        if self._capture_check is not None:
+            self._capture_check.cancel()
         if self._sid is not None:
             sid, self._sid = self._sid, None
             await self.conn.unsubscribe_raw(sid)
@@ -255,9 +263,10 @@ class Publisher:
             raise PublishError(f"{self.failures[0]}{more}.")
 
     def _timeout_error(self) -> PublishError:
+        unled = f", {self.not_taken} answers said no stream took them (503: no leader)" if self.not_taken else ""
         return PublishError(
             f"{self.outstanding} of {self.sent} messages got no PubAck within {self.timeout:g}s (the last sent "
-            f"was for {self.subject_of(self._next_token - 1)!r}): is the stream's leader available? Raise "
+            f"was for {self.subject_of(self._next_token - 1)!r}{unled}): is the stream's leader available? Raise "
             "publishTimeout if the server is just slow."
         )
 
@@ -305,6 +314,9 @@ class Publisher:
     def _on_ack(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         """Raw handler of the PubAck subscription for what ``_stored_runs`` did not take."""
         token = subject[len(self.reply_prefix) :]
+        if self.resend and headers is not None and headers.startswith(_NO_RESPONDERS) and token.isdigit():
+            self._not_taken(int(token))
+            return
         if token.isdigit() and not self._first_ack(int(token)):
             return  # a PubAck again, for a message sent again: it has its answer
         if headers is not None and headers.startswith(STATUS_PREFIX):
@@ -317,6 +329,35 @@ class Publisher:
         else:  # stored, in a shape the run pattern does not know
             self._on_stored(1, data)
         self._answered()
+
+    def _not_taken(self, token: int) -> None:
+        """No stream took message ``token`` (503, no responders): the stream that captures its subject has no leader
+        (an election: 4-9 s after its leader died), or none captures it. It stays owed and goes out again with its
+        msg id (``_send_again``) until ``publishTimeout``, unless the meta leader says no stream captures it."""
+        self.not_taken += 1
+        if self._capture_check is None:
+            self._capture_check = asyncio.ensure_future(self._check_capture(self.subject_of(token)))
+
+    async def _check_capture(self, subject: str) -> None:
+        """Fail the publisher at once when no stream captures ``subject`` (one ``STREAM.NAMES`` asked of the meta
+        leader); an unanswered question (its election too) leaves the messages to be sent again."""
+        request = json.dumps({"subject": subject}).encode()
+        try:
+            reply = await self.conn.client.request(
+                f"{self.conn.options.api_prefix}.STREAM.NAMES", request, timeout=ATTEMPT_TIMEOUT
+            )
+            answer = json.loads(reply.data)
+        except (NatsError, ValueError):
+            return
+        if "error" not in answer and not answer.get("streams"):
+            self.failures.append(
+                f"Publishing to {subject!r} failed: 503: no stream captures this subject (create one, or fix the "
+                "subject)"
+            )
+            self._room.set()
+            self._idle.set()
+        else:
+            log.info("No stream leader took messages for %r (an election?): sending them again", subject)
 
     def _first_ack(self, token: int) -> bool:
         """Record the PubAck of ``token`` (out of order, maybe); False when it had one already (sent again)."""

@@ -38,6 +38,7 @@ from spark_jetstream.client.features import ATOMIC_BATCHES
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.messages import last_message_async
 from spark_jetstream.client.progress_markers import marker_subject
+from spark_jetstream.client.protocol import STATUS_PREFIX
 from spark_jetstream.client.publish import (
     BATCH_COMMIT_HEADER,
     BATCH_ID_HEADER,
@@ -58,7 +59,8 @@ BATCH_INCOMPLETE = 10176  # a leader change, a timeout or a gap dropped the batc
 TOO_MANY_BATCHES = 10210  # 50 batches in flight on the stream, or 1,000 on the server
 BATCH_TOO_LARGE = 10199
 DUPLICATE_IN_BATCH = 10201
-_RETRIED = {0, WRONG_LAST_SEQUENCE, BATCH_INCOMPLETE, TOO_MANY_BATCHES}  # 0: no answer
+NO_STREAM_LEADER = 503  # no responders: the stream's leader is being elected (the driver checked the stream)
+_RETRIED = {0, WRONG_LAST_SEQUENCE, BATCH_INCOMPLETE, TOO_MANY_BATCHES, NO_STREAM_LEADER}  # 0: no answer
 COMMIT_WAIT = 5.0
 """Seconds a commit waits for its answer before the marker is read again (a commit sent into a connection that then
 dropped is never answered)."""
@@ -367,6 +369,8 @@ class AtomicWriter:
             answer = await asyncio.wait_for(answers[commit], wait)
         except TimeoutError:
             return 0, 0, f"no answer to the commit within {wait:g}s"
+        if answer.startswith(STATUS_PREFIX + b"503"):
+            return NO_STREAM_LEADER, 0, "503, no responders (the stream has no leader right now)"
         ack = _json(answer)
         if "error" not in ack:
             return None, int(ack["seq"]), ""
