@@ -26,6 +26,7 @@ from spark_jetstream.client.connection import Connection
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import Message, publish_all
 from spark_jetstream.groups.layout import partitioned_stream_config
+from spark_jetstream.tools.spark_standalone import descendants
 
 MASTER_ENV, PROCESSES_ENV = "SPARK_JETSTREAM_BENCH_MASTER", "SPARK_JETSTREAM_BENCH_PROCESSES"
 """Where ``bench/run.py --master/--processes`` leave their values for every process of the run."""
@@ -140,27 +141,6 @@ def publish(conn: Connection, what: str, batch: Iterator[Message], expected: int
 
 
 # -- processes and their peak memory -------------------------------------------------------------
-
-
-def descendants(pid: int) -> list[int]:
-    """Live descendant pids of ``pid`` (Spark's Python daemon, workers, source runner)."""
-    found: list[int] = []
-    stack = [pid]
-    while stack:
-        parent = stack.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children") as children:
-                    kids = [int(k) for k in children.read().split()]
-            except OSError:
-                continue
-            found += kids
-            stack += kids
-    return found
 
 
 def jvm_pid(spark: SparkSession) -> int | None:

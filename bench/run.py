@@ -30,6 +30,10 @@ Each scenario is one module of ``bench/scenarios/`` that owns its measurement; t
   ``--pull-subjects``).
 * ``parser``: the readers' parse of deliveries into rows and their record batches, on bytes alone (no server's or
   Spark's share), CPU per message.
+* ``chaos``: two streaming queries (a jetstream sink, a parquet sink), each in a driver of its own on a Spark
+  standalone cluster, on a 3-node cluster of their own through random faults of every kind (servers killed, frozen,
+  cut off, starved; leaders stepped down; Spark Workers and drivers lost) for ``--chaos-minutes``, drawn from
+  ``--seed``: every message exactly once, ack floors at the checkpoints, no failed query, nothing grown. Root only.
 * ``fuzz``: the compiled bulk handlers against their pure twins under a coverage-guided fuzzer (atheris, with ASan
   and UBSan where clang is), ``--fuzz-seconds`` per handler; ``bench/fuzz.py`` alone does the same.
 
@@ -49,6 +53,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import random
 import shutil
 import sys
 import tempfile
@@ -69,6 +74,7 @@ from common import (
     warmup_messages,
 )
 from scenarios import (
+    chaos,
     cold_job,
     first_batch,
     fuzz,
@@ -110,6 +116,7 @@ RUNNERS: dict[str, Callable[[Suite], None]] = {
     "parser": parser.run,
     "kv": kv.run,
     "fuzz": fuzz.run,
+    "chaos": chaos.run,
 }
 SCENARIOS = tuple(RUNNERS)
 
@@ -167,6 +174,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="shapes: the scaling curve's shape, a part of its name ('none': no curve)",
     )
     parser.add_argument("--fuzz-seconds", type=float, default=None, help="fuzz: seconds per handler (60; quick 15)")
+    parser.add_argument("--chaos-minutes", type=float, default=30.0, help="chaos: minutes of faults (30)")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="chaos: the seed its faults are drawn from (default: random, printed)"
+    )
     parser.add_argument("--naive-dir", type=Path, default=NAIVE_DIR, help="directory holding naive_source.py")
     args = parser.parse_args(argv)
     args.messages = args.messages or (100_000 if args.quick else 1_000_000)
@@ -175,6 +186,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.shape_messages = args.shape_messages or (100_000 if args.quick else 400_000)
     args.cold_messages = args.cold_messages or (300_000 if args.quick else 3_000_000)
     args.fuzz_seconds = args.fuzz_seconds or (15.0 if args.quick else 60.0)
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1_000_000)
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in args.only if s not in SCENARIOS]
     if unknown or not args.only:
@@ -223,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"nats-server {server_version(address)}, PySpark {pyspark.__version__}, {os.cpu_count()} cores, "
                     f"Spark master {spark_master()}, raw loops in {processes()} processes, "
                     f"Python {platform.python_version()}; {args.messages:,} messages, {args.storage} storage; "
-                    f"scenarios {', '.join(args.only)}"
+                    f"scenarios {', '.join(args.only)}; seed {args.seed}"
                 )
                 create_stream(conn, WARMUP_STREAM, "warm.*", READ_PARTITIONS, args.storage)
                 publish(conn, "warm-up", warmup_messages(WARMUP_MESSAGES, SIZE), WARMUP_MESSAGES)

@@ -12,10 +12,8 @@ SparkContext and the suite's local session may already exist.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -26,85 +24,14 @@ from typing import Any
 import pytest
 from helpers import wait_for
 
-from spark_jetstream.tools.embedded import free_port
+from spark_jetstream.tools.spark_standalone import HOSTS, StandaloneCluster, kill_tree
 
 pytestmark = pytest.mark.slow
 
-HOSTS = ("127.0.0.2", "127.0.0.3")
 STALL_SECONDS = 60.0
 """The first attempt of member 0's task stalls at its first row until Spark kills it (this is a cap): whatever
 the speculation threshold on a loaded machine, the copy finishes first, so every row of member 0 that the
 query commits was read by the copy (measured: after the original had pulled its whole range, unacked)."""
-
-
-def _children(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (executors and Python daemons leave their parent's process group)."""
-    by_parent: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            by_parent.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in by_parent.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _kill_tree(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL a process started with its own session, its group and every descendant (found while it lives:
-    once it is gone they are orphans, though still in its group unless, like Python daemons, they left it)."""
-    if process.poll() is None:
-        for pid in [*_children(process.pid), process.pid]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait(10)
-
-
-class StandaloneCluster:
-    """A Spark standalone Master on 127.0.0.1 and one single-core Worker per loopback host."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.home = os.environ["SPARK_HOME"]  # the suite's (conftest.spark_home)
-        self.workdir = workdir
-        self.port = free_port()
-        self.processes: list[subprocess.Popen[bytes]] = []
-
-    @property
-    def url(self) -> str:
-        return f"spark://127.0.0.1:{self.port}"
-
-    def _spawn(self, name: str, host: str, *args: str) -> None:
-        env = {**os.environ, "SPARK_HOME": self.home, "SPARK_LOCAL_IP": host, "SPARK_DAEMON_MEMORY": "256m"}
-        with open(self.workdir / f"{name}.log", "wb") as log:
-            command = [os.path.join(self.home, "bin", "spark-class"), *args]
-            process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.processes.append(process)
-
-    def start(self) -> StandaloneCluster:
-        self._spawn("master", "127.0.0.1", "org.apache.spark.deploy.master.Master",
-                    "--host", "127.0.0.1", "--port", str(self.port), "--webui-port", str(free_port()))  # fmt: skip
-        for index, host in enumerate(HOSTS):
-            work = self.workdir / f"worker{index}"
-            work.mkdir()
-            self._spawn(f"worker{index}", host, "org.apache.spark.deploy.worker.Worker",
-                        "--host", host, "--cores", "1", "--memory", "1g", "--webui-port", str(free_port()),
-                        "--work-dir", str(work), self.url)  # fmt: skip
-        return self
-
-    def log(self, name: str) -> str:
-        return (self.workdir / f"{name}.log").read_text(errors="replace")[-3000:]
-
-    def close(self) -> None:
-        for process in self.processes:
-            _kill_tree(process)
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +88,7 @@ def test_a_speculative_copy_of_a_slow_member_takes_over_and_the_output_is_exact(
     try:
         output, _ = job.communicate(timeout=400)
     finally:
-        _kill_tree(job)
+        kill_tree(job)
     text = output.decode(errors="replace")
     assert job.returncode == 0, text[-4000:] + standalone.log("worker0")
 

@@ -32,8 +32,8 @@ class Publisher:
     """Publishes ``rate`` msg/s to ``<prefix>.k<n>`` from a thread of its own, each message retried until its
     PubAck comes (a ``Nats-Msg-Id`` makes a retry of a stored message a duplicate), and tracks the last acked
     seq and when each PubAck came (``acks``: (time.time(), seq)); with ``record``, also every acked message
-    (``messages``: seq -> (subject, payload)). ``stop()`` ends the publishing and waits up to ``drain`` seconds
-    for the messages still unacknowledged."""
+    (``messages``: seq -> (subject, payload)). ``rate`` may be changed while it runs (a burst). ``stop()`` ends the
+    publishing and waits up to ``drain`` seconds for the messages still unacknowledged."""
 
     def __init__(self, servers: list[str], rate: int, prefix: str = "lead", record: bool = False) -> None:
         self.servers = servers
@@ -84,11 +84,11 @@ class Publisher:
         options = ConnectionOptions(servers=tuple(self.servers))
         client = await open_client(options, None, "leader-fault publisher")
         js = client.jetstream()
-        tick, per_tick, index = 0.02, max(1, round(self.rate * 0.02)), 0
+        tick, index = 0.02, 0
         pending: set[asyncio.Task[None]] = set()
         next_tick = time.monotonic()
         while not self._stop.is_set():
-            for _ in range(per_tick):
+            for _ in range(max(1, round(self.rate * tick))):  # the rate as it is now: it may change meanwhile
                 task = asyncio.create_task(self._one(js, index))
                 pending.add(task)
                 task.add_done_callback(pending.discard)
