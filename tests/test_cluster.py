@@ -12,13 +12,16 @@ import pyarrow as pa
 import pytest
 from helpers import query_not_failed, slow_parquet_query, wait_for
 
+from spark_jetstream.client import retry
 from spark_jetstream.client.connection import DIRECT_ATTEMPT, ConnectionOptions, connect, disconnect
 from spark_jetstream.client.publish import MSG_ID_HEADER, Publisher, PublishError, command, header_block, publish_all
-from spark_jetstream.errors import ClusterUnavailableError
+from spark_jetstream.errors import ClusterUnavailableError, ConnectError
 from spark_jetstream.groups.layout import member_consumer_config, partition_filters, partitioned_stream_config
 from spark_jetstream.read.direct import read_range
 from spark_jetstream.read.ranges import MemberRange, SeqRange
+from spark_jetstream.sink import markers
 from spark_jetstream.streaming.pull import PullSettings, read_member
+from spark_jetstream.tools.cluster_faults import move_leader
 
 pytestmark = pytest.mark.slow
 
@@ -141,6 +144,40 @@ def test_a_publish_no_stream_captures_fails_within_seconds_with_msg_ids_too(clus
     finally:
         conn.run(publisher.close(), timeout=10)
     assert time.monotonic() - began < 5
+
+
+def test_a_commit_marker_is_recorded_through_its_bucket_leaders_election(nats_cluster, cluster_api):
+    """The streaming writer's commit marker goes to a KV bucket (a publish through the retry layer): with the bucket's
+    leader killed, no stream takes it until a new leader is elected (no responders, 4-9 s), so it is asked again, as
+    the meta leader says a stream captures the subject; it once failed after 5 s (a chaos run, seed 3)."""
+    conn = cluster_api.conn
+    markers.ensure_bucket(conn, "sjm", 3)
+    meta = nats_cluster.wait_for_meta_leader()
+    names = [server.name for server in nats_cluster.servers]
+    tokens = ("STREAM", "LEADER", "STEPDOWN", "KV_sjm")
+    move_leader(cluster_api, tokens, lambda: cluster_api.stream_info("KV_sjm"), {meta}, names)  # JetStream stays up
+    leader, follower = leader_and_follower(nats_cluster, cluster_api, "KV_sjm")
+    assert leader.name != meta
+    options = ConnectionOptions(servers=(follower.url,))
+    try:
+        leader.kill()
+        began = time.monotonic()
+        markers.write_marker(connect(options), "sjm", "q1", 7)
+        took = time.monotonic() - began
+    finally:
+        leader.start()
+        disconnect(options)
+    assert markers.read_marker(conn, "sjm", "q1") == 7
+    print(f"\nthe marker was recorded {took:.1f} s after the bucket's leader was killed")
+    cluster_api.delete_stream("KV_sjm")
+
+
+def test_a_publish_no_stream_captures_is_refused_at_once_naming_the_subject(cluster_api):
+    conn = cluster_api.conn
+    began = time.monotonic()
+    with pytest.raises(ConnectError, match="No stream captures nowhere.y .*create one, or fix the subject"):
+        conn.run(retry.request(conn, "nowhere.y", b"x"), timeout=30)
+    assert time.monotonic() - began < 3
 
 
 def current_replicas(api, stream: str) -> int:

@@ -20,18 +20,16 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import json
 import logging
 import re
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from nats.errors import Error as NatsError
-
 from spark_jetstream.client.connection import ATTEMPT_TIMEOUT, Connection
 from spark_jetstream.client.nats_client import RawClient
 from spark_jetstream.client.protocol import HEADER_START, STATUS_PREFIX, BulkHandler, run_pattern, status_line
+from spark_jetstream.client.retry import captured
 from spark_jetstream.errors import JetStreamError
 
 log = logging.getLogger(__name__)
@@ -339,17 +337,9 @@ class Publisher:
             self._capture_check = asyncio.ensure_future(self._check_capture(self.subject_of(token)))
 
     async def _check_capture(self, subject: str) -> None:
-        """Fail the publisher at once when no stream captures ``subject`` (one ``STREAM.NAMES`` asked of the meta
-        leader); an unanswered question (its election too) leaves the messages to be sent again."""
-        request = json.dumps({"subject": subject}).encode()
-        try:
-            reply = await self.conn.client.request(
-                f"{self.conn.options.api_prefix}.STREAM.NAMES", request, timeout=ATTEMPT_TIMEOUT
-            )
-            answer = json.loads(reply.data)
-        except (NatsError, ValueError):
-            return
-        if "error" not in answer and not answer.get("streams"):
+        """Fail the publisher at once when the meta leader says no stream captures ``subject``; an unanswered
+        question (its election too) leaves the messages to be sent again."""
+        if await captured(self.conn, subject) is False:
             self.failures.append(
                 f"Publishing to {subject!r} failed: 503: no stream captures this subject (create one, or fix the "
                 "subject)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -56,14 +57,18 @@ async def request(
     the reply's bytes are the result. ``unanswered()`` runs after an attempt that timed out, or found no
     responders while JetStream answers: a stream's or consumer's leader is missing, or the thing is gone, which
     it raises as a final error once confirmed. No responders from JetStream itself as well means a wrong domain
-    or no JetStream, and a publish (not an API subject) that no stream takes is refused too, both after the
-    connect timeout. ``asset`` ("consumer 'c' on stream 's'") names what the give-up message talks about.
+    or no JetStream, refused after the connect timeout. A publish (not an API subject) that no stream takes is
+    refused at once when the meta leader says no stream captures the subject (``captured``), and asked again while
+    one does: that stream's leader is being elected. ``asset`` ("consumer 'c' on stream 's'") names what the give-up
+    message talks about.
     """
     loop = asyncio.get_running_loop()
     started = loop.time()
     responder_deadline = started + min(conn.api_timeout, conn.options.connect_timeout)  # a wrong domain: sooner
     watch = _ClusterWatch(conn, subject)
     delay = 0.05
+    publish = not subject.startswith(f"{conn.options.api_prefix}.")
+    taken: bool | None = None  # whether a stream captures the published subject (``captured``), once answered
     try:
         while True:
             attempt = max(0.05, min(started + conn.options.request_timeout - loop.time(), ATTEMPT_TIMEOUT))
@@ -77,10 +82,17 @@ async def request(
                 watch.saw(str(exc))
             except NoRespondersError:
                 watch.saw("no responders")
+                if publish and taken is None:
+                    taken = await captured(conn, subject)
                 if unanswered is not None and watch.jetstream == JETSTREAM_UP:
                     await unanswered()
-                elif loop.time() + delay < responder_deadline:
-                    pass
+                elif publish and taken is False:
+                    raise ConnectError(
+                        f"No stream captures {subject} (the JetStream meta leader at {conn.server_url} says so): "
+                        "create one, or fix the subject."
+                    ) from None
+                elif loop.time() + delay < responder_deadline or (publish and not conn.options.api_import):
+                    pass  # a stream captures it (or the meta leader did not say): its leader is being elected
                 elif watch.jetstream == JETSTREAM_ABSENT:
                     where = (
                         f"is the apiPrefix option right (now {conn.options.api_import}), and does this account "
@@ -91,18 +103,13 @@ async def request(
                         "apiPrefix)?"
                     )
                     raise ConnectError(f"No responder for {subject} on {conn.server_url}: {where}") from None
-                elif watch.jetstream == JETSTREAM_UP and not subject.startswith(f"{conn.options.api_prefix}."):
-                    imported = (
-                        f" Through an imported JetStream API (apiPrefix {conn.options.api_import}), the account that "
-                        f"owns the stream must export {subject.rsplit('.', 1)[0]}.> as a service and this account "
-                        "import it (README, Security)."
-                        if conn.options.api_import
-                        else ""
-                    )
+                elif watch.jetstream == JETSTREAM_UP and publish:  # through an imported API: the subject's import
                     raise ConnectError(
                         f"No stream answered {subject} on {conn.server_url} within "
-                        f"{conn.options.connect_timeout:g}s although JetStream answers: no stream captures that "
-                        f"subject, or its stream's leader is being elected.{imported}"
+                        f"{conn.options.connect_timeout:g}s although JetStream answers (through the imported API "
+                        f"{conn.options.api_import}, where a stream captures it): the account that owns the stream "
+                        f"must export {subject.rsplit('.', 1)[0]}.> as a service and this account import it (README, "
+                        "Security), or the stream's leader is being elected."
                     ) from None
             except NatsTimeoutError:
                 watch.saw("timeout")
@@ -118,6 +125,19 @@ async def request(
             delay = min(delay * 2, 1.0)
     finally:
         watch.close()
+
+
+async def captured(conn: Connection, subject: str) -> bool | None:
+    """Whether a stream captures ``subject``, as the meta leader says (``STREAM.NAMES`` with the subject, one
+    attempt); None when it does not answer (its own election). What tells a publish that no stream took (no
+    responders) during a stream's election from one to a subject no stream captures."""
+    request = json.dumps({"subject": subject}).encode()
+    try:
+        reply = await conn.client.request(f"{conn.options.api_prefix}.STREAM.NAMES", request, timeout=ATTEMPT_TIMEOUT)
+        answer = json.loads(reply.data)
+    except (NatsError, ValueError):
+        return None
+    return None if "error" in answer else bool(answer.get("streams"))
 
 
 async def _unless_moved(conn: Connection, request: Coroutine[Any, Any, Msg]) -> Msg | None:
