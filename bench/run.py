@@ -55,6 +55,7 @@ import os
 import platform
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -216,6 +217,9 @@ def warn_if_workers_import_another_package() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # A run in the background ignores SIGINT: SIGTERM ends it as Ctrl-C does, through every finally that stops what
+    # it started (servers, a Spark cluster, drivers, network namespaces).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     warn_if_workers_import_another_package()
     os.environ[MASTER_ENV] = args.master  # every process of the run, spawned raw loops and fresh jobs included
     if args.processes:
