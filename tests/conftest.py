@@ -137,6 +137,7 @@ _IO_FIXTURES = frozenset(
     {
         "nats_server",
         "nats_cluster",
+        "isolated_cluster",
         "conn",
         "api",
         "make_stream",
@@ -215,6 +216,20 @@ def nats_server() -> Iterator[EmbeddedServer]:
     yield server
     close_all()
     server.close()
+
+
+@pytest.fixture(scope="module")
+def isolated_cluster() -> Iterator[EmbeddedCluster]:
+    """A 3-node cluster whose servers each run in a network namespace of their own, so that a test can cut one off
+    (root only: tests run as root)."""
+    if os.geteuid() != 0:
+        pytest.skip("a partition needs network namespaces, which need root")
+    cluster = EmbeddedCluster(3, name="sji", isolated=True).start()
+    for server in cluster.servers:
+        _track(server)
+    yield cluster
+    disconnect(ConnectionOptions(servers=tuple(s.url for s in cluster.servers)))
+    cluster.close()
 
 
 @pytest.fixture(scope="module")

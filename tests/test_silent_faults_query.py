@@ -9,10 +9,8 @@ before the server is back; and a streaming write whose target's leader freezes s
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 from fault_query import (
@@ -26,7 +24,7 @@ from fault_query import (
     ride_through,
 )
 
-from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
+from spark_jetstream.client.connection import ConnectionOptions, connect
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.tools.cluster_faults import Publisher, commits, inject_fault, wait_healthy
 from spark_jetstream.tools.embedded import EmbeddedCluster
@@ -47,17 +45,6 @@ dropping its packets both ways: the query must go on without it, committing new 
 WRITE_FROZEN = 20.0
 """Seconds the write target's leader stays frozen: its election (4-8 s measured) and the writer's resend every 2 s
 took rows 7.0-12.4 s to be stored again here; the test asserts they were before the thaw."""
-
-
-@pytest.fixture(scope="module")
-def isolated_cluster() -> Iterator[EmbeddedCluster]:
-    """A 3-node cluster whose servers each run in a network namespace of their own (root only: tests run as root)."""
-    if os.geteuid() != 0:
-        pytest.skip("a partition needs network namespaces, which need root")
-    cluster = EmbeddedCluster(3, name="sji", isolated=True).start()
-    yield cluster
-    disconnect(ConnectionOptions(servers=tuple(s.url for s in cluster.servers)))
-    cluster.close()
 
 
 @pytest.mark.parametrize("case", list(FAULTS))

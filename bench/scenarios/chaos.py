@@ -20,10 +20,12 @@ All on this machine, as root (network namespaces, a cgroup v1 CPU quota):
   msg/s, ``BURST`` times that for ``BURST_SECONDS`` now and then;
 * a nemesis drawing from ``random.Random(--seed)`` one to three overlapping faults at a time out of ``KINDS``, each on
   a target not already under a fault, with pauses between: a server SIGKILLed and restarted on its store, frozen
-  (SIGSTOP), cut off (its link down), starved of CPU (``CPUS`` of a core); the leader of a stream, of a member
-  consumer, of the meta group stepped down; a Spark Worker lost with its executors and Python workers (every process
-  of its tree) and a new Worker started on its host ``WORKER_DOWN`` s later; a driver killed (its process tree) and
-  started again on its checkpoint. Each fault is healed at its end, and each round ends once the cluster is healthy.
+  (SIGSTOP), cut off (its link down), cut off from one other server only (both still reach the third and every
+  client: a replica falls behind while its server still leads consumers), starved of CPU (``CPUS`` of a core); the
+  leader of a stream, of a member consumer, of the meta group stepped down; a Spark Worker lost with its executors and
+  Python workers (every process of its tree) and a new Worker started on its host ``WORKER_DOWN`` s later; a driver
+  killed (its process tree) and started again on its checkpoint. Each fault is healed at its end, and each round ends
+  once the cluster is healthy.
 
 After ``--chaos-minutes`` the nemesis stops (healing whatever is under a fault), the publisher drains, both queries get
 ``CATCH_UP`` s to commit through the stream's last seq, and the drivers are stopped. Printed: the fault schedule (kind,
@@ -97,6 +99,7 @@ KINDS: dict[str, tuple[float, float]] = {
     "server killed": (3.0, 8.0),
     "server frozen": (5.0, 30.0),
     "server partitioned": (5.0, 30.0),
+    "servers cut apart": (5.0, 30.0),
     "server starved": (30.0, 60.0),
     "stream leader step-down": (0.0, 0.0),
     "consumer leader step-down": (0.0, 0.0),
@@ -505,7 +508,9 @@ class Chaos:
     def pick(self, kind: str, pick: float) -> str | None:
         """The target of a ``kind`` fault: the candidate ``pick`` (0..1) points at, or the next one not under a fault
         (a step-down's leader not either); None: none."""
-        if kind.startswith("server"):
+        if kind == "servers cut apart":  # two servers that no longer reach each other, both reaching the third
+            candidates = [f"{a.name}+{b.name}" for a, b in itertools.combinations(self.cluster.servers, 2)]
+        elif kind.startswith("server"):
             candidates = [server.name for server in self.cluster.servers]
         elif kind == "worker lost":
             candidates = [f"worker{index}" for index in range(len(self.spark.hosts))]
@@ -521,9 +526,10 @@ class Chaos:
         for target in candidates[first:] + candidates[:first]:
             leader = self.leader(target) if step_down else None
             with self.lock:
-                if target in self.busy or leader in self.busy or (step_down and leader is None):
+                parts = target.split("+")
+                if any(part in self.busy for part in parts) or leader in self.busy or (step_down and leader is None):
                     continue
-                self.busy.add(target)
+                self.busy.update(parts)
                 return target
         return None
 
@@ -558,6 +564,15 @@ class Chaos:
             finally:
                 driver.restart()
             return
+        if kind == "servers cut apart":
+            one, other = (self.server(name) for name in target.split("+"))
+            fault.note = f"led {leads(one)}; {leads(other)}"
+            self.cluster.cut_between(one, other)
+            try:
+                self.pause(seconds)
+            finally:
+                self.cluster.cut_between(one, other, cut=False)
+            return
         server = self.server(target)
         fault.note = f"led {leads(server)}"
         heal: Callable[[], object]
@@ -586,7 +601,7 @@ class Chaos:
         finally:
             fault.end, fault.seq_at_end = time.time(), self.publisher.last_seq
             with self.lock:
-                self.busy.discard(fault.target)
+                self.busy.difference_update(fault.target.split("+"))
             self.log(f"end   {fault.kind} {fault.target} ({fault.note})")
 
     def nemesis(self) -> None:

@@ -11,6 +11,7 @@ import base64
 import contextlib
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +76,15 @@ async def stored_message_async(api: JetStreamApi, stream: str, request: dict[str
         raise
     message: dict[str, Any] = reply["message"]
     return message
+
+
+async def first_on_leader(api: JetStreamApi, stream: str, filters: Sequence[str], after: int, end: int) -> int | None:
+    """The first seq in ``(after, end]`` of a message matching any of ``filters``, as the stream leader holds it
+    (``next_seq_async``); None: none. What a reader asks before it believes a replica, or a consumer, that says
+    nothing more is left: a replica that lags, or a server cut off that does not know it yet, answers from what it
+    holds."""
+    found = [await next_seq_async(api, stream, {"seq": after + 1, "next_by_subj": subject}) for subject in filters]
+    return min((seq for seq in found if seq is not None and seq <= end), default=None)
 
 
 def next_seq(api: JetStreamApi, stream: str, request: dict[str, Any]) -> int | None:

@@ -223,12 +223,12 @@ class _ConsumerRead:
     async def _confirm(self) -> None:
         """The consumer had nothing more: finish, unless the stream leader holds a matching message in ``(last, end]``
         (the consumer's server lags, or its pending count was off): then pull on."""
-        request = {"seq": self.last + 1, "next_by_subj": self.range.filter}
+        stream, end = self.range.stream, self.range.end
         try:
-            found = await messages.next_seq_async(self.api, self.range.stream, request)
+            found = await messages.first_on_leader(self.api, stream, [self.range.filter], self.last, end)
         except ConnectError as exc:
             raise ReaderError(f"Could not finish {self.name}: {exc}") from None
-        if found is None or found > self.range.end:
+        if found is None:
             self._finish()
             return
         self.behind += 1

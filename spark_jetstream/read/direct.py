@@ -318,6 +318,5 @@ class _DirectReader:
 
     async def _leader_has_more(self) -> bool:
         """Whether the stream leader holds a matching message in ``(last, end]`` (read-after-write)."""
-        request = {"seq": self.last + 1, "next_by_subj": self.range.filter}
-        found = await messages.next_seq_async(self.api, self.range.stream, request)
-        return found is not None and found <= self.range.end
+        stream, end = self.range.stream, self.range.end
+        return await messages.first_on_leader(self.api, stream, [self.range.filter], self.last, end) is not None

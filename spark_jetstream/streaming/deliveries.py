@@ -40,6 +40,7 @@ class Deliveries:
         self.pin_id: str | None = None
         self.batches = RowBatches(settings.record_batch_size, settings.record_batch_bytes, member.include_headers)
         self.done = False
+        self.drained = False  # the consumer counted nothing more pending before the range's end (the reader confirms)
         self.received = 0  # messages and statuses that arrived (counted, not timed: the hot path stays lean)
 
     @property
@@ -57,8 +58,8 @@ class Deliveries:
 
     def _deliver(self, rows: Columns, first: int, header: bytes | None, drained: int) -> None:
         """A run of deliveries appended to the rows from ``first`` on: anything at or below the last seq handed out is
-        a redelivery; one past the range's end, the last one, or one after which nothing more matches completes the
-        range."""
+        a redelivery; one past the range's end, or the last one, completes the range; after one that the consumer
+        counted nothing more pending after, the reader asks the stream leader (``drained``)."""
         count = len(rows.seqs) - first
         self.received += count
         if self.pin_id is None and header is not None:
@@ -71,6 +72,9 @@ class Deliveries:
         self.last_seq = kept.last
         if batches.ready:
             self.wakeup.set()
-        if kept.past_end or self.last_seq >= self.member.end or drained < count:
+        if kept.past_end or self.last_seq >= self.member.end:
             self.finish()
+        elif drained < count:
+            self.drained = True
+            self.wakeup.set()
         self.on_run(count)

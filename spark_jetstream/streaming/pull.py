@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from spark_jetstream.client import messages
 from spark_jetstream.client.connection import Connection
 from spark_jetstream.client.jsapi import PRIORITY_GROUP_UNKNOWN, JetStreamApi, pin_holder
 from spark_jetstream.client.protocol import JS_ACK_PREFIX, STATUS_PREFIX, status_of, unreadable_delivery
@@ -38,6 +39,9 @@ log = logging.getLogger(__name__)
 
 _NS = 1_000_000_000
 _MAX_RECOVERIES = 5
+_MAX_BEHIND = 10
+"""Confirmations in a row that the stream leader holds more of the range than the member consumer delivers (waiting
+longer each time) before the consumer is RESET to where the read is (a recovery)."""
 T = TypeVar("T")
 
 
@@ -89,6 +93,8 @@ class _PinnedPull:
         self.pin_refused: str | None = None  # a 423's description, until the progress check weighs it
         self.leader: str | None = None  # the consumer's leader at the last RESET or progress check
         self.recoveries = 0
+        self.behind = (0, 0)  # (the last seq read, confirmations since it that the stream leader holds more)
+        self.filters: list[str] = []  # the consumer's filter subjects (``_reset``), for the stream leader's answer
         self.heard = 0  # `deliveries.received` when next_rows last looked, at `last_activity`
         self.last_activity = 0.0
 
@@ -148,9 +154,11 @@ class _PinnedPull:
         info = await self.api.reset(self.member.stream, self.member.consumer, seq)
         self.leader = _leader(info)
         self.window.restart(info["num_pending"])
-        self._check_config(info["config"])
+        config = info["config"]
+        self._check_config(config)
+        self.filters = config.get("filter_subjects") or [config.get("filter_subject") or ">"]
         if self.window.budget == 0:
-            self.deliveries.finish()
+            self.deliveries.drained = True
 
     def _check_config(self, config: dict[str, Any]) -> None:
         group = self.member.priority_group
@@ -188,6 +196,9 @@ class _PinnedPull:
                 return rows
             if deliveries.done:
                 return None
+            if deliveries.drained:
+                await self._confirm_drained()
+                continue
             now = self.conn.loop.time()
             if deliveries.received != self.heard:  # something arrived since the last look
                 self.heard, self.last_activity = deliveries.received, now
@@ -308,7 +319,7 @@ class _PinnedPull:
             # or a leader change): deliver them again from where this reader is.
             await self._recover(f"deliveries up to seq {delivered} did not arrive")
         elif info["num_pending"] == 0:
-            deliveries.finish()
+            deliveries.drained = True
         elif pinned and pinned != deliveries.pin_id and self.leader_changed:
             # A pull this reader sent around the election may hold the new pin: take it back.
             self.leader_changed = False
@@ -326,6 +337,31 @@ class _PinnedPull:
                 await self._new_inbox()  # replies to pulls sent under the lost pin must not count
             self.window.restart(info["num_pending"])
             self._pull()
+
+    async def _confirm_drained(self) -> None:
+        """The consumer counts nothing more pending before the range's end: believe it only when the stream leader
+        holds no matching message in what is left. A consumer's leader counts what the stream's replica on its own
+        server holds, which may lag (a server frozen or cut off a moment ago), and a leader cut off that does not know
+        it yet answers too: the rest of the range would be left out of the batch for good (a chaos run lost 920
+        messages of two members so). While the leader holds more, the consumer gets longer each time to deliver it,
+        then is RESET to where the read is."""
+        deliveries = self.deliveries
+        deliveries.drained = False
+        stream, end = self.member.stream, self.member.end
+        found = await self._api(messages.first_on_leader(self.api, stream, self.filters, deliveries.last_seq, end))
+        if found is None:
+            deliveries.finish()
+            return
+        read, times = self.behind
+        times = times + 1 if read == deliveries.last_seq else 1
+        self.behind = (deliveries.last_seq, times)
+        if times > _MAX_BEHIND:
+            self.behind = (deliveries.last_seq, 0)
+            await self._recover(f"the stream leader holds seq {found}, which the consumer did not deliver")
+            return
+        log.info("The %s has not delivered seq %d yet, which the stream leader holds: reading on", self.name, found)
+        await asyncio.sleep(min(1.0, 0.05 * 2**times))
+        self.needs_check = True  # what it delivered meanwhile, or a RESET where deliveries went missing
 
     async def _recover(self, why: str, unpin: bool = False) -> None:
         self.recoveries += 1

@@ -382,6 +382,13 @@ class EmbeddedCluster:
             raise JetStreamError("partition needs a cluster made with isolated=True")
         self.network.cut(self.servers.index(server), cut)
 
+    def cut_between(self, one: EmbeddedServer, other: EmbeddedServer, cut: bool = True) -> None:
+        """Cut two servers off from each other only (``cut=False``: heal it): each still reaches the third and every
+        client, so one can lead a consumer while its replica of the stream falls behind the stream's leader."""
+        if self.network is None:
+            raise JetStreamError("cut_between needs a cluster made with isolated=True")
+        self.network.cut_between(self.servers.index(one), self.servers.index(other), cut)
+
     def close(self) -> None:
         for server in self.servers:
             server.close()
@@ -437,6 +444,12 @@ class IsolatedNetwork:
 
     def cut(self, index: int, cut: bool = True) -> None:
         self._ip("link", "set", self.links[index], "down" if cut else "up")
+
+    def cut_between(self, one: int, other: int, cut: bool = True) -> None:
+        """Drop what two namespaces send each other (a blackhole route in each to the other), nothing else."""
+        for here, there in ((one, other), (other, one)):
+            action = "add" if cut else "del"
+            self._ip("-n", self.namespaces[here], "route", action, "blackhole", f"{self.hosts[there]}/32")
 
     def close(self) -> None:
         for namespace in self.namespaces:
