@@ -186,6 +186,7 @@ def test_a_commit_bucket_not_imported_is_named_with_the_export_it_needs():
         disconnect(owner)
         disconnect(team)
     assert str(caught.value).endswith(
-        "Through an imported JetStream API (apiPrefix JS.OWNER.API), the account that owns the stream must export "
-        "$KV.commits.> as a service and this account import it (README, Security)."
+        "although JetStream answers (through the imported API JS.OWNER.API, where a stream captures it): the account "
+        "that owns the stream must export $KV.commits.> as a service and this account import it (README, Security), "
+        "or the stream's leader is being elected."
     ), str(caught.value)
