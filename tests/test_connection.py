@@ -178,7 +178,7 @@ def test_wrong_jetstream_domain_is_explained(conn: Connection, nats_server):
 )  # fmt: skip
 def test_errors_without_a_message_still_get_a_sentence_naming_the_option(error, says):
     """nats-py raises some errors with empty messages; no cause is ever explained by an empty sentence."""
-    from spark_jetstream.client.nats_client import explain_failure
+    from spark_jetstream.client.credentials import explain_failure
 
     assert explain_failure([error], ConnectionOptions(servers=("nats://alice:pw-9@h:4222",))) == says
 
