@@ -241,13 +241,17 @@ class JetStreamApi:
         return await self.call_async(("STREAM", "INFO", stream), body, f"Stream {stream!r}", stream)
 
     def stream_names(self, subject: str | None = None) -> list[str]:
-        """The account's streams; with ``subject``, those that capture it."""
+        """The account's streams; with ``subject``, those whose subjects overlap it (wildcards too)."""
+        return self.conn.run(self.stream_names_async(subject))
+
+    async def stream_names_async(self, subject: str | None = None) -> list[str]:
+        """``stream_names`` on the connection's loop."""
         names: list[str] = []
         while True:
             body: dict[str, Any] = {"offset": len(names)}
             if subject is not None:
                 body["subject"] = subject
-            page = self.call(("STREAM", "NAMES"), body, "Listing streams")
+            page = await self.call_async(("STREAM", "NAMES"), body, "Listing streams")
             names += page.get("streams") or []
             if not page.get("streams") or len(names) >= page.get("total", 0):
                 return names

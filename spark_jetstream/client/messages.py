@@ -78,12 +78,23 @@ async def stored_message_async(api: JetStreamApi, stream: str, request: dict[str
     return message
 
 
+async def next_on_leader(api: JetStreamApi, stream: str, subject: str, after: int) -> int | None:
+    """The seq of the first message after ``after`` matching ``subject`` (a filter, wildcards too), as the stream leader
+    holds it; None: none. Asked as the subject's last message first, and its next after ``after`` only when that one
+    lies beyond: a filter with nothing new costs no API error ("no message found"), which the server counts in the
+    JetStream API error counter operators alert on."""
+    last = await stored_message_async(api, stream, {"last_by_subj": subject or ">"})
+    if last is None or int(last["seq"]) <= after:
+        return None
+    return await next_seq_async(api, stream, {"seq": after + 1, "next_by_subj": subject or ">"})
+
+
 async def first_on_leader(api: JetStreamApi, stream: str, filters: Sequence[str], after: int, end: int) -> int | None:
     """The first seq in ``(after, end]`` of a message matching any of ``filters``, as the stream leader holds it
-    (``next_seq_async``); None: none. What a reader asks before it believes a replica, or a consumer, that says
+    (``next_on_leader``); None: none. What a reader asks before it believes a replica, or a consumer, that says
     nothing more is left: a replica that lags, or a server cut off that does not know it yet, answers from what it
     holds."""
-    found = [await next_seq_async(api, stream, {"seq": after + 1, "next_by_subj": subject}) for subject in filters]
+    found = [await next_on_leader(api, stream, subject, after) for subject in filters]
     return min((seq for seq in found if seq is not None and seq <= end), default=None)
 
 

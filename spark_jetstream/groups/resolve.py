@@ -6,13 +6,11 @@ Streaming reads (``stream.coordinator``), batch reads (``read.batch``) and the c
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.kv import get_entry_async
-from spark_jetstream.client.messages import DirectMessage
 from spark_jetstream.errors import GroupConfigError, StreamNotFoundError
 from spark_jetstream.groups.layout import (
     ELASTIC_BUCKET,
@@ -35,25 +33,37 @@ def group_key(stream: str, group: str) -> str:
 
 
 def find_group(api: JetStreamApi, stream: str, group: str) -> tuple[GroupConfig, int] | None:
-    """The group's pcgroups config (static bucket first, then elastic) and its KV revision, or None.
-
-    Read with STREAM.MSG.GET from the bucket's leader, so a config just written is seen. Both buckets
-    are asked at once (a missing bucket costs a second round trip, to the meta leader).
-    """
+    """The group's pcgroups config (static bucket first, then elastic) and its KV revision, or None."""
     return api.conn.run(find_group_async(api, stream, group))
 
 
 async def find_group_async(api: JetStreamApi, stream: str, group: str) -> tuple[GroupConfig, int] | None:
-    """``find_group`` on the connection's loop."""
+    """``find_group`` on the connection's loop. Asked every batch, so asked without an API error whatever is missing
+    (the server counts each in the JetStream API error counter operators alert on): which config buckets exist
+    (``STREAM.NAMES``, the meta leader), whether one holds the key (``STREAM.INFO`` with the key as its subjects
+    filter, the bucket's leader), and only then the entry (``STREAM.MSG.GET``, the leader: a config just written is
+    seen)."""
     key = group_key(stream, group)
-    buckets = ((STATIC_BUCKET, "static"), (ELASTIC_BUCKET, "elastic"))
-    entries: list[DirectMessage | None] = await asyncio.gather(
-        *(get_entry_async(api, bucket, key) for bucket, _ in buckets)
-    )
-    for (bucket, kind), entry in zip(buckets, entries, strict=True):
+    buckets = set(await api.stream_names_async(f"$KV.*.{key}"))
+    for bucket, kind in ((STATIC_BUCKET, "static"), (ELASTIC_BUCKET, "elastic")):
+        if f"KV_{bucket}" not in buckets or not await _holds(api, bucket, key):
+            continue
+        entry = await get_entry_async(api, bucket, key)
         if entry is not None:
             return GroupConfig.from_json(kind, entry.data, f"group config {key} in KV bucket {bucket}"), entry.seq
     return None
+
+
+async def _holds(api: JetStreamApi, bucket: str, key: str) -> bool:
+    """Whether KV bucket ``bucket`` holds anything under ``key`` (a value, or the marker of its deletion)."""
+    subject = f"$KV.{bucket}.{key}"
+    try:
+        info = await api.call_async(
+            ("STREAM", "INFO", f"KV_{bucket}"), {"subjects_filter": subject}, f"KV bucket {bucket!r}", f"KV_{bucket}"
+        )
+    except StreamNotFoundError:  # deleted since it was listed
+        return False
+    return subject in (info["state"].get("subjects") or {})
 
 
 def no_group_error(stream: str, group: str) -> GroupConfigError:

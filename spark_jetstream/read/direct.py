@@ -58,12 +58,11 @@ def first_seqs(
     api = JetStreamApi(conn)
 
     async def first(subject: str) -> int | None:
-        request = {"seq": after + 1, "next_by_subj": subject}
         if not leader:
-            found = await messages.direct_get_async(api, stream, request)
+            found = await messages.direct_get_async(api, stream, {"seq": after + 1, "next_by_subj": subject})
             if found is not None and found.seq <= end:
                 return found.seq
-        return await messages.next_seq_async(api, stream, request)
+        return await messages.next_on_leader(api, stream, subject, after)
 
     async def gather() -> list[int | None]:
         return list(await asyncio.gather(*(first(subject) for subject in filters)))

@@ -1,0 +1,90 @@
+"""A query in steady state causes no JetStream API errors: the server counts each one (``$JS.API.INFO``'s
+``api.errors``, ``/jsz``), and operators alert on that counter."""
+
+from __future__ import annotations
+
+import json
+
+from helpers import wait_for
+
+from spark_jetstream.client.connection import connect, disconnect
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.client.publish import publish_all
+from spark_jetstream.groups.layout import partitioned_stream_config
+from spark_jetstream.options.connection import parse_connection_options
+from spark_jetstream.tools.embedded import EmbeddedServer
+
+ROUNDS = 8
+
+
+def test_no_read_mode_causes_api_errors_batch_after_batch_and_a_config_made_later_is_taken_up(spark):
+    """Four queries at once, each read mode with a group and without, over batches where most partitions get
+    nothing new (so every reader asks the stream leader whether a partition has more): not one API error. Before,
+    each batch of a group without a pcgroups config asked both config buckets that did not exist (2 errors), and a
+    partition with nothing new cost one ("no message found"). A static config written later is read at the next
+    batch boundary all the same."""
+    with EmbeddedServer(name="api-errors") as server:
+        conn = connect(parse_connection_options({"servers": server.url}))
+        api = JetStreamApi(conn)
+        api.create_stream({**partitioned_stream_config("P", "ev.*", 4), "allow_direct": True})
+        api.create_stream({"name": "PLAIN", "subjects": ["plain.>"]})  # a client's defaults: no Direct Get
+
+        def publish(round_: int) -> None:  # one key each time: one partition of P gets messages
+            publish_all(conn, [(f"ev.k{round_}", f"{round_}-{i}".encode(), None) for i in range(5)])
+            publish_all(conn, [(f"plain.s{round_ % 3}", f"{round_}-{i}".encode(), None) for i in range(5)])
+
+        def query(name: str, stream: str, **options: str):
+            reader = spark.readStream.format("jetstream").option("servers", server.url).option("stream", stream)
+            df = reader.options(**options).load()
+            return df.writeStream.format("memory").queryName(name).trigger(processingTime="100 milliseconds").start()
+
+        publish(0)
+        queries = [
+            query("group_direct", "P", group="gd", readMode="direct"),
+            query("group_pull", "P", group="gp", readMode="pull"),
+            query("plain_direct", "P"),
+            query("plain_pull", "PLAIN"),
+        ]
+        try:
+            for q in queries:
+                q.processAllAvailable()
+            errors = api.account_info()["api"]["errors"]
+            for round_ in range(1, ROUNDS):
+                publish(round_)
+                for q in queries:
+                    q.processAllAvailable()
+            assert api.account_info()["api"]["errors"] == errors
+            for q in queries:
+                rows = spark.table(q.name).select("seq").collect()
+                assert sorted(r.seq for r in rows) == list(range(1, ROUNDS * 5 + 1)), q.name
+
+            # A pcgroups static config for group gd, written while the query runs: the next batch reads by it.
+            js = conn.client.jetstream()
+
+            async def write_config() -> None:
+                kv = await js.create_key_value(bucket="static-consumer-groups")
+                mappings = [{"member": "alice", "partitions": [0, 1]}, {"member": "bob", "partitions": [2, 3]}]
+                await kv.put("P.gd", json.dumps({"max_members": 4, "member_mappings": mappings}).encode())
+
+            conn.run(write_config())
+            errors = api.account_info()["api"]["errors"]
+            publish(ROUNDS)
+            queries[0].processAllAvailable()
+            last = api.stream_info("P")["state"]["last_seq"]
+
+            def floors() -> dict[str, int]:
+                return {c: api.consumer_info("P", c)["ack_floor"]["stream_seq"] for c in ("gd-alice", "gd-bob")}
+
+            wait_for(
+                lambda: floors() == {"gd-alice": last, "gd-bob": last}, 10, lambda: f"floors at {last}: {floors()}"
+            )
+            for round_ in range(ROUNDS + 1, ROUNDS + 4):
+                publish(round_)
+                for q in queries:
+                    q.processAllAvailable()
+            wait_for(lambda: set(floors().values()) == {last + 15}, 10, lambda: f"floors at {last + 15}: {floors()}")
+            assert api.account_info()["api"]["errors"] == errors
+        finally:
+            for q in queries:
+                q.stop()
+            disconnect(conn)
