@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from spark_jetstream import logs as _logs
 from spark_jetstream.errors import (
     ApiError,
     ClusterUnavailableError,
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __version__ = "0.1.0"
+
+_logs.install()
 
 
 def register(spark: SparkSession) -> None:

@@ -118,8 +118,7 @@ class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
         return self._coordinator
 
     def _watermark(self, offset: dict[str, Any]) -> Watermark:
-        coordinator = self.coordinator  # an elastic group reads its work stream
-        return Watermark.from_offset(offset, coordinator.stream, coordinator.created)
+        return self.coordinator.position(offset)
 
     def initialOffset(self) -> dict[str, Any]:
         if self._position is None:  # worked out once: PySpark < 4.2 also starts latestOffset from it

@@ -13,7 +13,7 @@ from helpers import wait_for
 from spark_jetstream.client.connection import connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import publish_all
-from spark_jetstream.errors import GroupConfigError
+from spark_jetstream.errors import DataLossError, GroupConfigError
 from spark_jetstream.groups.layout import partitioned_stream_config
 from spark_jetstream.options import parse_connection_options
 from spark_jetstream.read.ranges import SmallBatch
@@ -200,3 +200,55 @@ def test_a_stream_that_does_not_answer_is_planned_on_from_the_last_state_read():
             coordinator.close()
         disconnect(options)
         server.close()
+
+
+def test_removed_messages_are_skipped_in_one_step_whatever_the_limit_and_said_once(
+    nats_server, api, make_stream, coordinators, caplog
+):
+    """With failOnDataLoss=false, a purged range is passed in one batch (as Kafka's source jumps to the earliest
+    offset), not walked ``maxMessagesPerTrigger`` at a time in empty batches, and the log says so once."""
+    stream = make_stream(300, partitions=2)
+    coordinator = coordinators(nats_server.url, stream.name, stream.group, failOnDataLoss="false")
+    start = coordinator.watermark(0)
+    api.purge_stream(stream.name, keep_from_seq=281)
+    caplog.set_level("WARNING", logger="spark_jetstream")
+    coordinator.state(fresh=True)
+    end = coordinator.latest(start, Limits(max_rows=20))
+    assert end.seq == 300  # 281..300: the first 20 left
+    coordinator.latest(start, Limits(max_rows=20))
+    ranges = coordinator.plan(start, end)
+    assert [(r.start, r.end) for r in ranges] == [(280, 300)]  # one small batch, from the first seq left
+    skips = [r.getMessage() for r in caplog.records if "Skipping" in r.getMessage()]
+    assert skips == [
+        f"Skipping messages seqs 1..280 of stream {stream.name}: removed (retention limits or a purge) before they "
+        "were read (failOnDataLoss=false)"
+    ]
+    strict = coordinators(nats_server.url, stream.name, "strict")
+    with pytest.raises(DataLossError, match=rf"Messages seqs 1\.\.280 of stream '{stream.name}' were removed"):
+        strict.latest(strict.watermark(0), Limits(max_rows=20))
+
+
+def test_a_stream_created_again_is_refused_or_read_from_its_first_message(nats_server, api, coordinators, caplog):
+    api.create_stream(partitioned_stream_config("Again2", "again2.*", 2))
+    try:
+        publish_all(api.conn, ((f"again2.k{i}", b"old", None) for i in range(100)))
+        first = coordinators(nats_server.url, "Again2", "g")
+        old = first.watermark(100).to_offset()
+        first.close()
+        api.delete_stream("Again2")
+        time.sleep(0.01)
+        api.create_stream(partitioned_stream_config("Again2", "again2.*", 2))
+        publish_all(api.conn, ((f"again2.k{i}", b"new", None) for i in range(30)))
+        with pytest.raises(DataLossError, match="Stream 'Again2' was deleted and created again since the checkpoint"):
+            coordinators(nats_server.url, "Again2", "g1").position(old)
+        caplog.set_level("WARNING", logger="spark_jetstream")
+        lenient = coordinators(nats_server.url, "Again2", "g2", failOnDataLoss="false")
+        start = lenient.position(old)
+        assert start.seq == 0 and start.created == lenient.created != old["created"]
+        assert lenient.latest(lenient.position(old), Limits()).seq == 30
+        warned = [r.getMessage() for r in caplog.records if "created again" in r.getMessage()]
+        assert len(warned) == 1 and warned[0].endswith(
+            "Reading the new stream from its first message (failOnDataLoss=false)."
+        ), warned
+    finally:
+        api.delete_stream("Again2")

@@ -59,15 +59,22 @@ def test_server_restart_mid_batch_is_survived_with_exact_output(spark, own_serve
     assert seqs == list(range(1, 4001))
 
 
-def test_stream_deleted_and_created_again_while_the_query_is_down_fails_clearly(spark, nats_server, api, tmp_path):
-    def run() -> object:
+def test_stream_deleted_and_created_again_while_the_query_is_down_fails_clearly_or_is_read_anew(
+    spark, nats_server, api, tmp_path
+):
+    """By default the checkpoint's seqs, which name other messages now, fail the query; with failOnDataLoss=false
+    the new stream is read from its first message (as Kafka's source reads a topic created again)."""
+
+    def run(**options: str) -> object:
         return (
             spark.readStream.format("jetstream")
             .option("servers", nats_server.url)
             .option("stream", "Again")
             .option("group", "g")
+            .options(**options)
             .load()
-            .writeStream.format("noop")
+            .writeStream.format("parquet")
+            .option("path", str(tmp_path / "out"))
             .option("checkpointLocation", str(tmp_path / "cp"))
             .trigger(availableNow=True)
             .start()
@@ -86,6 +93,12 @@ def test_stream_deleted_and_created_again_while_the_query_is_down_fails_clearly(
             query.awaitTermination(60)
         message = caught.value.getMessage() if hasattr(caught.value, "getMessage") else str(caught.value)
         assert "Stream 'Again' was deleted and created again since the checkpoint was written" in message
+        assert "or set failOnDataLoss=false to read the new stream from its first message" in message
+        run(failOnDataLoss="false").awaitTermination(60)
+        rows = spark.read.parquet(str(tmp_path / "out")).select("data", "seq").collect()
+        assert sorted((bytes(r.data), r.seq) for r in rows) == sorted(
+            [(b"old", seq) for seq in range(1, 101)] + [(b"new", seq) for seq in range(1, 301)]
+        )
     finally:
         api.delete_stream("Again")
 

@@ -186,9 +186,12 @@ def test_purged_messages_fail_the_query_or_are_skipped(spark, nats_server, api, 
     with pytest.raises(Exception, match=r"Messages seqs 1001\.\.1200 of stream '\w+' were removed"):
         strict.awaitTermination(60)
 
-    run(failOnDataLoss="false").awaitTermination(60)
+    lenient = run(failOnDataLoss="false", maxMessagesPerTrigger=20)
+    lenient.awaitTermination(60)
     seqs = sorted(r.seq for r in spark.read.parquet(str(tmp_path / "out")).select("seq").collect())
     assert seqs == [*range(1, 1001), *range(1201, 1501)]
+    # The removed range is passed in one step: no empty batches walking through it 20 seqs at a time.
+    assert [p["numInputRows"] for p in lenient.recentProgress] == [20] * 15
 
 
 def noop_query(spark: SparkSession, url: str, stream, checkpoint: Path) -> StreamingQuery:

@@ -147,8 +147,9 @@ READS: tuple[Option, ...] = (
         "failOnDataLoss",
         parse_bool,
         True,
-        "Fail when messages of a batch were removed before they were read (retention, purge); "
-        "`false` skips them with a warning.",
+        "Fail when messages of a batch were removed before they were read (retention, purge), or the stream was "
+        "deleted and created again; `false` skips the removed messages in one step (or reads the new stream from its "
+        "first message), logged once as a warning.",
         READ,
         "read",
         batch_doc="Fail when messages from `startingPosition` on were already removed; `false` reads what is left.",

@@ -34,7 +34,7 @@ from spark_jetstream.read.kv_latest import latest_ranges
 from spark_jetstream.read.mode import DIRECT, PULL, choose_read_mode
 from spark_jetstream.read.ranges import SeqRange
 from spark_jetstream.read.scope import group_scope, stream_scope
-from spark_jetstream.read.start import check_data_loss, seq_at, start_after
+from spark_jetstream.read.start import check_data_loss, seq_at, start_after, warn_skipped
 from spark_jetstream.read.tasks import read_ranges
 from spark_jetstream.spark_compat import DataSourceReader, InputPartition
 
@@ -120,8 +120,9 @@ def plan(conn: Connection, config: BatchConfig) -> list[SeqRange]:
     start = start_after(
         api, layout, stream, config.starting_position or "earliest", config.starting_timestamp, first_seq, last_seq
     )
-    check_data_loss(stream, start, first_seq, last_seq, config.fail_on_data_loss)
-    start = max(start, first_seq - 1)
+    if (after := check_data_loss(stream, start, first_seq, last_seq, config.fail_on_data_loss)) > start:
+        warn_skipped(stream, start, after)
+    start = max(after, first_seq - 1)
     if config.ending_timestamp is not None:
         end = seq_at(api, stream, config.ending_timestamp, last_seq) - 1
     elif config.ending_position == "latest":

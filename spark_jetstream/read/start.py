@@ -76,15 +76,28 @@ def start_after(
 # -- data loss -------------------------------------------------------------------------------------
 
 
-def check_data_loss(stream: str, start: int, first_seq: int, last_seq: int, fail: bool) -> None:
-    """Messages after ``start`` left the stream before they were read (``first_seq > start + 1`` while
-    the stream has messages after ``start``): raise with ``failOnDataLoss``, else warn and go on."""
+def check_data_loss(stream: str, start: int, first_seq: int, last_seq: int, fail: bool) -> int:
+    """The seq a read that was at ``start`` goes on after: ``start``, or the last of the messages after it that left
+    the stream before they were read (``first_seq > start + 1`` while the stream has messages after ``start``), which
+    raise with ``failOnDataLoss`` and are otherwise skipped in one step, whatever the read's limits, as Kafka's source
+    skips to the earliest offset (the caller says so once: ``warn_skipped``)."""
     if first_seq <= start + 1 or last_seq <= start:
-        return
-    lost = f"seqs {start + 1}..{first_seq - 1}"
+        return start
     if fail:
         raise DataLossError(
-            f"Messages {lost} of stream {stream!r} were removed (retention limits or a purge) before they were "
-            "read: set failOnDataLoss=false to skip them, start later, or raise the stream's limits."
+            f"Messages seqs {start + 1}..{first_seq - 1} of stream {stream!r} were removed (retention limits or a "
+            "purge) before they were read: set failOnDataLoss=false to skip them, start later, or raise the stream's "
+            "limits."
         )
-    log.warning("Skipping messages %s of stream %s: removed before they were read", lost, stream)
+    return first_seq - 1
+
+
+def warn_skipped(stream: str, start: int, after: int) -> None:
+    """Say that messages ``start + 1 .. after`` were skipped (``check_data_loss``)."""
+    log.warning(
+        "Skipping messages seqs %d..%d of stream %s: removed (retention limits or a purge) before they were read "
+        "(failOnDataLoss=false)",
+        start + 1,
+        after,
+        stream,
+    )

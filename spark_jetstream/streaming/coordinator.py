@@ -18,6 +18,7 @@ from typing import Any
 from spark_jetstream.client.connection import Connection, connect
 from spark_jetstream.client.features import GROUPS
 from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.errors import DataLossError
 from spark_jetstream.groups.layout import reads_whole_stream
 from spark_jetstream.read.consumer import check_consumer_reads
 from spark_jetstream.read.direct import first_seqs, split, spread
@@ -26,7 +27,7 @@ from spark_jetstream.read.kv_latest import latest_ranges
 from spark_jetstream.read.mode import DIRECT, PULL, choose_read_mode
 from spark_jetstream.read.ranges import MemberRange, SeqRange, SmallBatch
 from spark_jetstream.read.scope import ReadScope, stream_scope
-from spark_jetstream.read.start import check_data_loss, start_after
+from spark_jetstream.read.start import check_data_loss, start_after, warn_skipped
 from spark_jetstream.streaming.config import SourceConfig
 from spark_jetstream.streaming.faults import fault_point
 from spark_jetstream.streaming.held_group import HeldGroup
@@ -79,6 +80,8 @@ class Coordinator:
         self._unanswered: tuple[float, float] | None = None  # stream info unanswered since, and last given up at
         self._available_now_cap: int | None = None
         self._last_batch_at = time.monotonic()
+        self._skipped_to = 0  # the last seq of the removed messages the log said were skipped
+        self._recreated: set[str] = set()  # creation times of streams deleted since, that the log said were left
         self.scope: ReadScope | None = None  # a read without a group: fixed for the run
         if config.group is not None:
             self.conn.require(GROUPS, ", or read without the group option (the checkpoint alone holds the position)")
@@ -163,6 +166,28 @@ class Coordinator:
     def watermark(self, seq: int) -> Watermark:
         return Watermark(self.stream, seq, self.created)
 
+    def position(self, offset: dict[str, Any]) -> Watermark:
+        """An offset Spark holds, as a watermark of the stream as it is now. One written before the stream was deleted
+        and created again names other messages: refused, or with ``failOnDataLoss=false`` the new stream is read from
+        its first message (as Kafka's source reads a topic created again), said once."""
+        mark = Watermark.from_offset(offset, self.stream)
+        if not (mark.created and self.created) or mark.created == self.created:
+            return self.watermark(mark.seq)
+        recreated = (
+            f"Stream {self.stream!r} was deleted and created again since the checkpoint was written (the checkpoint "
+            f"knows the stream created at {mark.created}, the server has one created at {self.created}): its sequence "
+            "numbers mean other messages now."
+        )
+        if self.config.fail_on_data_loss:
+            raise DataLossError(
+                f"{recreated} Use a new checkpoint location, or set failOnDataLoss=false to read the new stream from "
+                "its first message."
+            )
+        if mark.created not in self._recreated:
+            log.warning("%s Reading the new stream from its first message (failOnDataLoss=false).", recreated)
+            self._recreated.add(mark.created)
+        return self.watermark(0)
+
     def initial(self) -> Watermark:
         """Where a new query starts (no checkpoint yet)."""
         fault_point("initial")  # a new query, nothing in its checkpoint yet
@@ -193,7 +218,7 @@ class Coordinator:
         # once more after its last batch, then stops the process) every floor is waited for: none lags behind.
         self._acknowledge(start, settle=self._available_now_cap is not None and start.seq >= self._available_now_cap)
         state = self.state()
-        self._check_data_loss(start, state)
+        after = self._after_data_loss(start, state)
         now = time.monotonic()
         limits = Limits(
             limits.max_rows,
@@ -201,7 +226,7 @@ class Coordinator:
             limits.min_rows,
             min_rows_waited_out=now - self._last_batch_at >= self.config.max_trigger_delay,
         )
-        end = batch_end(start.seq, state.last_seq, limits, state.average_size, self._available_now_cap)
+        end = batch_end(after, state.last_seq, limits, state.average_size, self._available_now_cap)
         if self.snapshot and start.seq == 0:
             end = state.last_seq  # the latest values are one batch, whatever the limits: a batch is a point in time
         if end > start.seq:
@@ -213,10 +238,16 @@ class Coordinator:
         """``startingPosition=snapshot`` of a bucket: the batch from seq 0 is its latest values (``read.kv``)."""
         return self.config.starting_position == "snapshot"
 
-    def _check_data_loss(self, start: Watermark, state: StreamState) -> None:
+    def _after_data_loss(self, start: Watermark, state: StreamState) -> int:
+        """Where the batch after ``start`` begins: past the messages removed before they were read, which fail the
+        query unless ``failOnDataLoss=false`` (``check_data_loss``); each skip is logged once per run."""
         if self.config.bucket:
-            return  # a bucket's revisions that its history or a purge removed are compaction (decision 0023)
-        check_data_loss(self.stream, start.seq, state.first_seq, state.last_seq, self.config.fail_on_data_loss)
+            return start.seq  # a bucket's revisions that its history or a purge removed are compaction (decision 0023)
+        after = check_data_loss(self.stream, start.seq, state.first_seq, state.last_seq, self.config.fail_on_data_loss)
+        if after > max(start.seq, self._skipped_to):
+            warn_skipped(self.stream, start.seq, after)
+            self._skipped_to = after
+        return after
 
     def plan(self, start: Watermark, end: Watermark) -> list[SeqRange] | list[SmallBatch] | list[MemberRange]:
         """The batch ``(start, end]``'s reads: a range per filter subject of the read's scope with messages in it
@@ -233,7 +264,7 @@ class Coordinator:
         scope = group.before_batch(start.seq, self.state().retention, self.stream) if group else self.scope
         assert scope is not None
         state = self.state(fresh=True)
-        self._check_data_loss(start, state)
+        self._after_data_loss(start, state)
         fault_point("plan")  # the batch is in the offset log; no task has read it
         if group is not None and self.pulls_members:
             return group.member_ranges(start.seq, end.seq)

@@ -29,8 +29,9 @@ class Watermark:
         return offset
 
     @classmethod
-    def from_offset(cls, offset: dict[str, Any], stream: str, created: str = "") -> Watermark:
-        """Parse an offset from the checkpoint; it must belong to ``stream`` as created at ``created``."""
+    def from_offset(cls, offset: dict[str, Any], stream: str) -> Watermark:
+        """Parse an offset from the checkpoint; it must belong to ``stream`` (whether to the stream as created now is
+        ``Coordinator.position``'s question)."""
         try:
             found, seq = offset["stream"], int(offset["seq"])
         except (KeyError, TypeError, ValueError):
@@ -43,14 +44,7 @@ class Watermark:
                 f"The checkpoint was written for stream {found!r} but the stream option is {stream!r}: "
                 "use a new checkpoint location for a different stream."
             )
-        written = offset.get("created", "")
-        if written and created and written != created:
-            raise OptionError(
-                f"Stream {stream!r} was deleted and created again since the checkpoint was written (the checkpoint "
-                f"knows the stream created at {written}, the server has one created at {created}): its sequence "
-                "numbers mean other messages now. Use a new checkpoint location."
-            )
-        return cls(stream, seq, created)
+        return cls(stream, seq, offset.get("created", ""))
 
 
 def _batch_ids(root: Path, log: str) -> list[int]:
