@@ -7,8 +7,16 @@ actionable sentence first: Spark wraps Python errors several layers deep
 
 from __future__ import annotations
 
+import functools
+import inspect
+import logging
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _USERINFO = re.compile(r"(?P<lead>//|(?<![^\s'\"(,=]))(?P<user>[^\s'\"(,=/@:]*)(?P<password>:[^\s'\",/]*)?@(?=[\w\[])")
 """``user:password@`` or ``token@`` before a host: after ``//`` or at the start of a word (a server URL as
@@ -109,3 +117,43 @@ class ReaderError(JetStreamError):
 
 class SparkVersionError(JetStreamError, ImportError):
     """PySpark is missing or older than the connector supports."""
+
+
+def surfaced(cls: type[T]) -> type[T]:
+    """``cls`` (a class Spark calls: the data source, its readers and writers) with each public method reporting the
+    connector's own errors to Spark without their traceback, so the connector's sentence ends the first line Spark
+    shows (``[STREAM_FAILED] ... perform latestOffset: spark_jetstream.errors.DataLossError: Messages ...``) instead of
+    coming 20 lines down. Spark's Python worker formats the error it reports with ``SPARK_HIDE_TRACEBACK`` as it finds
+    it then, and ends; the traceback goes to the log at DEBUG. Any other exception keeps its traceback."""
+    for name, method in list(vars(cls).items()):
+        if not name.startswith("_") and inspect.isfunction(method):
+            setattr(cls, name, _surfacing(method))
+    return cls
+
+
+def _surfacing(method: Callable[..., Any]) -> Callable[..., Any]:
+    def hide(exc: JetStreamError) -> None:
+        log.debug("%s failed", method.__qualname__, exc_info=exc)
+        os.environ["SPARK_HIDE_TRACEBACK"] = "1"
+
+    if inspect.isgeneratorfunction(method):
+
+        @functools.wraps(method)
+        def generator(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return (yield from method(*args, **kwargs))
+            except JetStreamError as exc:
+                hide(exc)
+                raise
+
+        return generator
+
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except JetStreamError as exc:
+            hide(exc)
+            raise
+
+    return call

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from spark_jetstream.errors import JetStreamError
+from spark_jetstream.errors import JetStreamError, surfaced
 from spark_jetstream.options import LOAD, parse_options
 from spark_jetstream.read.row_schema import spark_schema_ddl
 from spark_jetstream.spark_compat import STREAM_READER_BASES, DataSource, InputPartition, read_limit
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from spark_jetstream.streaming.coordinator import Coordinator
 
 
+@surfaced
 class JetStreamDataSource(DataSource):
     """``format("jetstream")``: NATS JetStream as a Spark source and sink.
 
@@ -79,6 +80,7 @@ class JetStreamDataSource(DataSource):
         return stream_writer(self.options, schema)
 
 
+@surfaced
 class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
     """Micro-batches are seq ranges of the stream; each group partition with messages in the batch is
     one Spark partition, or several with ``minPartitions`` (each member, with ``readMode=pull``).

@@ -178,6 +178,7 @@ LONGEST_FIRST = (
     "test_notebooks.py",
     "test_read_modes.py",
     "test_atomic_writes.py",
+    "test_api_errors.py",
     "test_groupless.py",
     "test_kv.py",
     "test_speedups.py",

@@ -183,8 +183,15 @@ def test_purged_messages_fail_the_query_or_are_skipped(spark, nats_server, api, 
     publish_all(api.conn, ((stream.messages[1][0], b"more", None) for _ in range(500)))  # seqs 1001..1500
     api.purge_stream(stream.name, keep_from_seq=1201)  # 1001..1200 vanish before the query reads them
     strict = run()
-    with pytest.raises(Exception, match=r"Messages seqs 1001\.\.1200 of stream '\w+' were removed"):
+    with pytest.raises(Exception, match=r"Messages seqs 1001\.\.1200 of stream '\w+' were removed") as caught:
         strict.awaitTermination(60)
+    # The connector's sentence ends the first line Spark shows, not 20 lines of traceback down.
+    first = str(caught.value).splitlines()[0]
+    assert first.startswith("[STREAM_FAILED] Query ") and first.endswith(
+        "Failed when Python streaming data source perform latestOffset: spark_jetstream.errors.DataLossError: "
+        f"Messages seqs 1001..1200 of stream '{stream.name}' were removed (retention limits or a purge) before they "
+        "were read: set failOnDataLoss=false to skip them, start later, or raise the stream's limits."
+    ), str(caught.value)[:2000]
 
     lenient = run(failOnDataLoss="false", maxMessagesPerTrigger=20)
     lenient.awaitTermination(60)

@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from spark_jetstream.client.connection import Connection, ConnectionOptions, connect
 from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.errors import surfaced
 from spark_jetstream.groups.layout import reads_whole_stream
 from spark_jetstream.groups.resolve import resolve_layout
 from spark_jetstream.options import BATCH, config_values, connection_options, default_of, parse_options
@@ -78,6 +79,7 @@ class BatchConfig:
         return cls(connection=connection_options(values), **config_values(cls, values))
 
 
+@surfaced
 class JetStreamBatchReader(DataSourceReader):
     """Plans the ranges on the driver; executors read them as ``SeqRange.read_mode`` says: Direct Get or a consumer."""
 

@@ -46,7 +46,7 @@ import pyarrow as pa
 from pyspark.sql.types import StructType
 
 from spark_jetstream.client.connection import Connection, connect
-from spark_jetstream.errors import JetStreamError, OptionError
+from spark_jetstream.errors import JetStreamError, OptionError, surfaced
 from spark_jetstream.sink.atomic import AtomicWriter, ProgressTarget, progress_target
 from spark_jetstream.sink.config import Columns, SinkConfig, check_columns
 from spark_jetstream.sink.kv import KvColumns, check_kv_columns, publish_kv
@@ -123,6 +123,7 @@ def _write_atomic(
     return WriteResult(partition, result.published, skipped=result.stale, batch_id=batch_id)
 
 
+@surfaced
 class JetStreamBatchWriter(DataSourceArrowWriter):
     """``df.write.format("jetstream")``: every row published, msg ids per save() (see module doc)."""
 
@@ -161,6 +162,7 @@ class JetStreamBatchWriter(DataSourceArrowWriter):
         )
 
 
+@surfaced
 class JetStreamStreamWriter(StreamWriterBase):  # type: ignore[misc,valid-type]
     """``df.writeStream.format("jetstream")``: exactly-once with msg ids and KV markers (see module doc).
 
