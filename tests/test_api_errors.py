@@ -11,7 +11,7 @@ from spark_jetstream.client.connection import connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.groups.layout import partitioned_stream_config
-from spark_jetstream.options.connection import parse_connection_options
+from spark_jetstream.options import parse_connection_options
 from spark_jetstream.tools.embedded import EmbeddedServer
 
 ROUNDS = 8
