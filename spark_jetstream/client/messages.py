@@ -80,13 +80,34 @@ async def stored_message_async(api: JetStreamApi, stream: str, request: dict[str
 
 async def next_on_leader(api: JetStreamApi, stream: str, subject: str, after: int) -> int | None:
     """The seq of the first message after ``after`` matching ``subject`` (a filter, wildcards too), as the stream leader
-    holds it; None: none. Asked as the subject's last message first, and its next after ``after`` only when that one
-    lies beyond: a filter with nothing new costs no API error ("no message found"), which the server counts in the
-    JetStream API error counter operators alert on."""
-    last = await stored_message_async(api, stream, {"last_by_subj": subject or ">"})
-    if last is None or int(last["seq"]) <= after:
+    holds it; None: none. Asked so that "none" is an answer, not an API error ("no message found", which the server
+    counts in the JetStream API error counter operators alert on): the subject's last message first, and its next
+    after ``after`` only when that one lies beyond; a subject that held nothing at all at the last look is asked how
+    many subjects match it (``_HELD_NOTHING``)."""
+    subject = subject or ">"
+    key = (stream, subject)
+    if key in _HELD_NOTHING:
+        body = {"subjects_filter": subject, "offset": 1 << 30}  # past every subject: the count alone comes back
+        info = await api.call_async(("STREAM", "INFO", stream), body, f"Stream {stream!r}", stream)
+        if not info.get("total"):
+            return None
+        _HELD_NOTHING.discard(key)
+    last = await stored_message_async(api, stream, {"last_by_subj": subject})
+    if last is None:
+        if len(_HELD_NOTHING) >= _HELD_NOTHING_MAX:
+            _HELD_NOTHING.clear()
+        _HELD_NOTHING.add(key)
         return None
-    return await next_seq_async(api, stream, {"seq": after + 1, "next_by_subj": subject or ">"})
+    if int(last["seq"]) <= after:
+        return None
+    return await next_seq_async(api, stream, {"seq": after + 1, "next_by_subj": subject})
+
+
+_HELD_NOTHING: set[tuple[str, str]] = set()
+"""(stream, subject) pairs whose last look on the stream leader found no message at all (a partition no key hashed to
+yet): their last message cannot be asked without an API error, their number of subjects can. The first look costs one
+error per such subject and process; a wrong entry costs a request, never a wrong answer."""
+_HELD_NOTHING_MAX = 10_000
 
 
 async def first_on_leader(api: JetStreamApi, stream: str, filters: Sequence[str], after: int, end: int) -> int | None:
