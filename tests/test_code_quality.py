@@ -13,12 +13,25 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "spark_jetstream"
 
-LAYERS = ("errors", "client", "options", "groups", "spark_compat", "read", "streaming", "sink", "source", "tools")
+LAYERS = (
+    "logs",
+    "errors",
+    "client",
+    "options",
+    "groups",
+    "spark_compat",
+    "read",
+    "streaming",
+    "sink",
+    "source",
+    "tools",
+)
 """The package's parts from the bottom up: each imports only its own layer and the ones before it. ``client`` is
-the NATS and JetStream I/O, usable (and tested) without Spark or the option table; ``tools`` (CLI, demo, embedded
+the NATS and JetStream I/O, usable (and tested) without Spark or the option table; ``logs`` only says where
+warnings go; ``tools`` (CLI, demo, embedded
 servers) sit on top, and nothing imports them."""
 
-WITHOUT_SPARK = ("errors", "client", "options", "groups")
+WITHOUT_SPARK = ("logs", "errors", "client", "options", "groups")
 """Layers that never import PySpark (nor ``spark_compat``): through the layering, nothing they import does either."""
 
 
