@@ -82,25 +82,33 @@ async def next_on_leader(api: JetStreamApi, stream: str, subject: str, after: in
     """The seq of the first message after ``after`` matching ``subject`` (a filter, wildcards too), as the stream leader
     holds it; None: none. Asked so that "none" is an answer, not an API error ("no message found", which the server
     counts in the JetStream API error counter operators alert on): the subject's last message first, and its next
-    after ``after`` only when that one lies beyond; a subject that held nothing at all at the last look is asked how
-    many subjects match it (``_HELD_NOTHING``)."""
+    after ``after`` only when that one lies beyond. The last one is not believed missing on its word alone (for
+    ``>`` the server loads the stream's last seq, which a purge or delete may have removed): the number of subjects
+    that match is asked then, and a subject that held nothing at all is asked that from then on (``_HELD_NOTHING``)."""
     subject = subject or ">"
     key = (stream, subject)
     if key in _HELD_NOTHING:
-        body = {"subjects_filter": subject, "offset": 1 << 30}  # past every subject: the count alone comes back
-        info = await api.call_async(("STREAM", "INFO", stream), body, f"Stream {stream!r}", stream)
-        if not info.get("total"):
+        if not await _subjects_matching(api, stream, subject):
             return None
         _HELD_NOTHING.discard(key)
     last = await stored_message_async(api, stream, {"last_by_subj": subject})
     if last is None:
-        if len(_HELD_NOTHING) >= _HELD_NOTHING_MAX:
-            _HELD_NOTHING.clear()
-        _HELD_NOTHING.add(key)
-        return None
-    if int(last["seq"]) <= after:
+        if not await _subjects_matching(api, stream, subject):
+            if len(_HELD_NOTHING) >= _HELD_NOTHING_MAX:
+                _HELD_NOTHING.clear()
+            _HELD_NOTHING.add(key)
+            return None
+    elif int(last["seq"]) <= after:
         return None
     return await next_seq_async(api, stream, {"seq": after + 1, "next_by_subj": subject})
+
+
+async def _subjects_matching(api: JetStreamApi, stream: str, subject: str) -> int:
+    """How many of the stream's subjects match ``subject``, from the stream leader: ``STREAM.INFO`` with it as the
+    subjects filter and an offset past every subject, so that the count alone comes back."""
+    body = {"subjects_filter": subject, "offset": 1 << 30}
+    info = await api.call_async(("STREAM", "INFO", stream), body, f"Stream {stream!r}", stream)
+    return int(info.get("total") or 0)
 
 
 _HELD_NOTHING: set[tuple[str, str]] = set()
