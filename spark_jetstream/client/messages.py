@@ -88,12 +88,12 @@ async def next_on_leader(api: JetStreamApi, stream: str, subject: str, after: in
     subject = subject or ">"
     key = (stream, subject)
     if key in _HELD_NOTHING:
-        if not await _subjects_matching(api, stream, subject):
+        if not await subjects_matching(api, stream, subject):
             return None
         _HELD_NOTHING.discard(key)
     last = await stored_message_async(api, stream, {"last_by_subj": subject})
     if last is None:
-        if not await _subjects_matching(api, stream, subject):
+        if not await subjects_matching(api, stream, subject):
             if len(_HELD_NOTHING) >= _HELD_NOTHING_MAX:
                 _HELD_NOTHING.clear()
             _HELD_NOTHING.add(key)
@@ -103,7 +103,7 @@ async def next_on_leader(api: JetStreamApi, stream: str, subject: str, after: in
     return await next_seq_async(api, stream, {"seq": after + 1, "next_by_subj": subject})
 
 
-async def _subjects_matching(api: JetStreamApi, stream: str, subject: str) -> int:
+async def subjects_matching(api: JetStreamApi, stream: str, subject: str) -> int:
     """How many of the stream's subjects match ``subject``, from the stream leader: ``STREAM.INFO`` with it as the
     subjects filter and an offset past every subject, so that the count alone comes back."""
     body = {"subjects_filter": subject, "offset": 1 << 30}

@@ -11,6 +11,7 @@ from typing import Any
 
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.kv import get_entry_async
+from spark_jetstream.client.messages import subjects_matching
 from spark_jetstream.errors import GroupConfigError, StreamNotFoundError
 from spark_jetstream.groups.layout import (
     ELASTIC_BUCKET,
@@ -56,14 +57,10 @@ async def find_group_async(api: JetStreamApi, stream: str, group: str) -> tuple[
 
 async def _holds(api: JetStreamApi, bucket: str, key: str) -> bool:
     """Whether KV bucket ``bucket`` holds anything under ``key`` (a value, or the marker of its deletion)."""
-    subject = f"$KV.{bucket}.{key}"
     try:
-        info = await api.call_async(
-            ("STREAM", "INFO", f"KV_{bucket}"), {"subjects_filter": subject}, f"KV bucket {bucket!r}", f"KV_{bucket}"
-        )
+        return await subjects_matching(api, f"KV_{bucket}", f"$KV.{bucket}.{key}") > 0
     except StreamNotFoundError:  # deleted since it was listed
         return False
-    return subject in (info["state"].get("subjects") or {})
 
 
 def no_group_error(stream: str, group: str) -> GroupConfigError:
