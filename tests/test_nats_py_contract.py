@@ -32,6 +32,10 @@ CLIENT_ATTRIBUTES = {
     "_pending_data_size": "publish.Publisher.send (counts the bytes it appended)",
     "_flush_queue": "publish.Publisher.send (kicks the flusher when it is idle)",
     "_error_cb": "nats_client.RawClient._read_loop reports an unexpected end of the socket to it",
+    "_pongs": "nats_client.RawClient._process_pong, busy_for (the futures of the pings sent, oldest first)",
+    "_pongs_received": "nats_client.RawClient._process_pong counts a PONG as nats-py does",
+    "_pings_outstanding": "nats_client.RawClient._process_pong clears it as nats-py does",
+    "stats": "nats_client.RawClient.busy_for (its 'reconnects': whether the connection moved meanwhile)",
 }
 
 CLIENT_METHODS = {
@@ -49,7 +53,8 @@ CLIENT_METHODS = {
         "nats_client.RawClient._read_loop hands it a lost connection, _leave_silent a silent one (the reconnect)",
     ),
     "_ping_interval": ([], "nats_client.RawClient overrides it (a silent server is left within silenceTimeout)"),
-    "_send_ping": (["future"], "nats_client.RawClient._ping_interval pings a quiet server"),
+    "_send_ping": (["future"], "nats_client.RawClient._ping_interval pings a quiet server, busy_for a busy one"),
+    "_process_pong": ([], "nats_client.RawClient overrides it (a PONG whose waiter gave up is dropped)"),
 }
 
 SOURCE_FACTS = [
@@ -111,8 +116,8 @@ SOURCE_FACTS = [
     (
         Client._process_pong,
         "self._pongs.pop(0)",
-        "a PONG answers the oldest ping; the pings RawClient._ping_interval sends are answered in order",
-        "nats_client.RawClient._ping_interval",
+        "a PONG answers the oldest ping; the pings RawClient._ping_interval and busy_for send are answered in order",
+        "nats_client.RawClient._process_pong",
     ),
     (
         Client._send_command,

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 from helpers import wait_for
+from nats.errors import FlushTimeoutError
 
 from spark_jetstream.client import retry
 from spark_jetstream.client.connection import Connection, ConnectionOptions, connect, disconnect
@@ -69,6 +70,34 @@ def test_a_frozen_server_answers_nothing_sent_after_freeze():
             for _ in range(20):
                 assert not conn.run(frozen_then_asked())
                 assert _answers(conn)
+        finally:
+            disconnect(options)
+
+
+@pytest.mark.slow
+def test_a_pong_after_its_waiter_gave_up_leaves_the_connection_reading():
+    """``busy_for`` says whether the server leaves a PING unanswered; and a PONG whose waiter gave up is dropped:
+    nats-py's ``flush`` cancels its future on a timeout, then set its result when the PONG came, which raised in the
+    read loop and ended it (nothing was read until the connection left the server as silent)."""
+    with EmbeddedServer(name="late-pong") as server:
+        options = ConnectionOptions(servers=(server.url,), silence_timeout=30.0)
+        conn = connect(options)
+        try:
+
+            async def late_pongs() -> tuple[bool, bool, bool]:
+                idle = await conn.client.busy_for(2.0)
+                server.freeze()
+                try:
+                    frozen = await conn.client.busy_for(0.3)
+                    with pytest.raises(FlushTimeoutError):
+                        await conn.client.flush(timeout=0.3)
+                finally:
+                    server.thaw()
+                thawed = await conn.client.busy_for(2.0)
+                return idle, frozen, thawed
+
+            assert conn.run(late_pongs()) == (False, True, False)
+            assert _answers(conn), "the connection stopped reading after the late PONGs"
         finally:
             disconnect(options)
 

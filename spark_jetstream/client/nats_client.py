@@ -182,6 +182,31 @@ class RawClient(_NatsClient):
             except (asyncio.CancelledError, RuntimeError, AttributeError):  # as nats-py's: closing, closed
                 return
 
+    async def _process_pong(self) -> None:
+        """nats-py's, except that a PONG whose waiter gave up (``flush`` cancels its future on a timeout) is counted and
+        dropped: nats-py sets the cancelled future's result, which raises in the read loop and ends it."""
+        if self._pongs:
+            pong = self._pongs.pop(0)
+            if not pong.done():
+                pong.set_result(True)
+            self._pongs_received += 1
+            self._pings_outstanding = 0
+
+    async def busy_for(self, timeout: float) -> bool:
+        """Whether the server leaves a PING unanswered for ``timeout`` s while the connection stays on it: it reads the
+        connection in order, so a late PONG says it is still at work on what was sent before (the wait is not
+        cancelled: a late PONG finds it). A connection that is moving has no server to be busy."""
+        if not self.is_connected:
+            return False
+        reconnects = self.stats["reconnects"]
+        pong: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        try:
+            await self._send_ping(pong)
+        except (AssertionError, AttributeError, RuntimeError, OSError):  # closing, closed
+            return False
+        done, _ = await asyncio.wait({pong}, timeout=timeout)
+        return not done and self.is_connected and self.stats["reconnects"] == reconnects
+
     async def _leave_silent(self, silent: float) -> None:
         """Drop the connection to a server that stopped talking, at once (its socket aborted: a graceful close
         would wait for the server to read what is buffered), and reconnect to another (``next_server``)."""
