@@ -194,7 +194,8 @@ def test_direct_gets_a_frozen_replica_swallows_are_asked_again_within_a_fraction
     """The replicas share Direct Gets at random (a queue group over the cluster), so a frozen stream leader
     swallows about a third of those sent through a healthy server while its routes stay up (measured: 30-40% for
     25 s, never answered). The reader asks again after ``Connection.direct_wait``, not a whole ``DIRECT_ATTEMPT``,
-    and reads the range exactly."""
+    and not later after a lost one (its own server is not busy: ``Connection.asked_too_soon``), and reads the range
+    exactly."""
     api = cluster_api
     api.create_stream({"name": "FD", "subjects": ["fd.>"], "num_replicas": 3, "allow_direct": True})
     frozen, follower = leader_and_follower(nats_cluster, api, "FD")
@@ -223,9 +224,16 @@ def test_direct_gets_a_frozen_replica_swallows_are_asked_again_within_a_fraction
     wait_for(lambda: current_replicas(api, "FD") == 2, 30, "the thawed server to catch up")
     api.delete_stream("FD")
     waits = [record.args[4] for record in caplog.records if "no reply within" in record.getMessage()]
-    print(f"\n200 Direct Get batches, {len(waits)} lost to the frozen leader, read in {took:.1f} s")
+    longer = [wait for wait in waits if wait > min(waits)]
+    print(
+        f"\n200 Direct Get batches, {len(waits)} lost to the frozen leader, {len(longer)} of them after a longer "
+        f"wait, read in {took:.1f} s"
+    )
     assert waits, "200 Direct Get batches and none lost to the frozen leader: the test shows nothing"
     assert min(waits) < DIRECT_ATTEMPT, f"every lost request waited a whole attempt: {waits}"
+    # The server the reader is on answers pings at once, so a request lost after another was not waited for longer
+    # (before: a quarter of them, up to 2 s); a ping late on a loaded machine may still lengthen a few.
+    assert len(longer) <= len(waits) // 10, f"lost requests waited longer after a lost one: {sorted(waits)}"
 
 
 def test_query_survives_the_stream_and_consumer_leaders_being_killed(spark, nats_cluster, cluster_api, tmp_path):

@@ -140,10 +140,19 @@ class Connection:
         require(found, shown, server_address(self.client, self.options), feature, fix)
 
     def direct_wait(self, stalled: int) -> float:
-        """Seconds a Direct Get waits for its first reply after ``stalled`` attempts of it in a row ran out of time:
-        four times the slowest recent first reply and at least ``DIRECT_FIRST_REPLY``, doubled per such attempt (a
-        busy server is asked less often, not given up on), at most ``DIRECT_MAX_WAIT``."""
+        """Seconds a Direct Get waits for its first reply after ``stalled`` attempts of it in a row ran out of time
+        with the server still at work (``asked_too_soon``): four times the slowest recent first reply and at least
+        ``DIRECT_FIRST_REPLY``, doubled per such attempt (a busy server is asked less often, not given up on), at
+        most ``DIRECT_MAX_WAIT``."""
         return min(DIRECT_MAX_WAIT, max(DIRECT_FIRST_REPLY, 4 * self.reply_time) * 2**stalled)
+
+    async def asked_too_soon(self) -> bool:
+        """After a Direct Get got no reply in time: whether to wait longer for the next (``direct_wait``'s
+        ``stalled``). The server the connection is on answers a Direct Get of its own replica inline, before
+        anything sent after it, so a PONG later than a first reply is due says it is still at work on it (a server
+        short of CPU: asked again sooner, it never gets ahead); a prompt PONG says the request went to a replica
+        elsewhere that did not answer (a silent one gets a third of them on R3), asked again as soon."""
+        return await self.client.busy_for(self.direct_wait(0))
 
     def replied(self, seconds: float) -> None:
         """A Direct Get's first reply came ``seconds`` after its request (``direct_wait``)."""

@@ -191,18 +191,19 @@ async def direct_gets_async(api: JetStreamApi, stream: str, request: dict[str, A
     """Every message one Direct Get request answers (one without ``batch``/``multi_last``, else up to the end of the
     batch).
 
-    Asked again on a new inbox when no reply came within ``conn.direct_wait`` (or the next one within
-    ``DIRECT_ATTEMPT``), until the API timeout: any replica may answer, and a request routed to a silent one
-    (frozen, or cut off: the other servers keep routing to it for minutes) is lost (late replies to an earlier
-    attempt are ignored)."""
+    Asked again on a new inbox when no reply came within ``conn.direct_wait`` (longer while the server is busy,
+    ``conn.asked_too_soon``; or the next one within ``DIRECT_ATTEMPT``), until the API timeout: any replica may
+    answer, and a request routed to a silent one (frozen, or cut off: the other servers keep routing to it for
+    minutes) is lost (late replies to an earlier attempt are ignored)."""
     conn = api.conn
     started = time.monotonic()
-    attempts = 0
+    attempts = stalled = 0
     while True:
-        found = await _direct_gets_once(api, stream, request, conn.direct_wait(attempts))
+        found = await _direct_gets_once(api, stream, request, conn.direct_wait(stalled))
         attempts += 1
         if found is not None:
             return found
+        stalled += await conn.asked_too_soon()
         if (refused := conn.client.refused(f"{api.prefix}.DIRECT.GET.{stream}", started)) is not None:
             raise NotPermittedError(not_permitted(*refused, f"stream {stream!r}"))
         if deadline := conn.out_of_time(started):

@@ -188,13 +188,14 @@ class _DirectReader:
         A request sent into a connection that then dropped (its server died), or routed to a silent replica
         (frozen, cut off), is never answered, and while a stream has no responding replica the server answers 503:
         without a first reply within ``conn.direct_wait`` (a fraction of a second, doubled per attempt in a row that
-        ran out) or a next one within ``DIRECT_ATTEMPT`` (or that wait, if longer), or on a 503, the rest is asked for
+        ran out while the server was busy) or a next one within ``DIRECT_ATTEMPT`` (or that wait, if longer), or on a
+        503, the rest is asked for
         again on a new inbox (late replies to the old request are ignored), until ``conn.out_of_time`` without
         progress: a slow server is waited for, a silent one is not. The batch ends at its end status, or as soon as
         the range's last seq is read (a slow server's end status may come seconds later).
         """
         started = time.monotonic()  # when this batch last made progress
-        stalled = 0  # attempts in a row that ran out of time (``conn.direct_wait``)
+        stalled = 0  # attempts in a row that ran out of time with the server busy (``conn.asked_too_soon``)
         while True:
             wanted = min(self.range.direct_batch, self.range.end - self.last)
             request = {
@@ -222,7 +223,7 @@ class _DirectReader:
                 self.conn.replied(self.answered_at - sent_at)
             if self.batch_done.is_set() and not self.unavailable:
                 break
-            stalled += not self.unavailable
+            stalled += not self.unavailable and await self.conn.asked_too_soon()
             if deadline := self.conn.out_of_time(started):
                 raise ClusterUnavailableError(self._gave_up(started, deadline))
             log.info(
