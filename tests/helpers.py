@@ -508,13 +508,27 @@ def pip(python: Path, *args: str) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def venv(name: str, *requirements: str) -> Path:
-    """The python of venv ``name``, made once with ``requirements``."""
+def venv(name: str, *requirements: str, base: Path | str = sys.executable) -> Path:
+    """The python of venv ``name``, made once by Python ``base`` with ``requirements``."""
     python = VENVS / name / "bin" / "python"
     if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(VENVS / name)], check=True)
+        subprocess.run([str(base), "-m", "venv", str(VENVS / name)], check=True)
         pip(python, *requirements)
     return python
+
+
+def interpreter(minor: str) -> Path | None:
+    """A CPython ``minor`` ("3.12") that runs: the suite's own, pyenv's newest of it, or one on PATH (pyenv's shims
+    there fail for a version not selected); None where this machine has none."""
+    if f"{sys.version_info[0]}.{sys.version_info[1]}" == minor:
+        return Path(sys.executable)
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    found = sorted(root.glob(f"versions/{minor}.*/bin/python{minor}"), key=lambda path: path.parts[-3], reverse=True)
+    on_path = shutil.which(f"python{minor}")
+    for candidate in [*found, *([Path(on_path)] if on_path else [])]:
+        if subprocess.run([str(candidate), "-c", "pass"], capture_output=True).returncode == 0:
+            return candidate
+    return None
 
 
 # The jetstream -> jetstream job of the sink's crash tests

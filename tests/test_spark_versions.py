@@ -26,6 +26,7 @@ from helpers import (
     checkpoint_option,
     class_archive_path,
     expected_rows,
+    interpreter,
     pip,
     spark_home,
     stored,
@@ -36,8 +37,11 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).parent.parent
 JOB = Path(__file__).parent / "jobs" / "compat_job.py"
-OLDER_PYSPARKS = ("4.0.5", "4.1.4", "4.2.1")
-"""The newest patch of each supported minor before the suite's own (4.3)."""
+OLDER_PYSPARKS = (("4.0.5", "3.12", "wheel"), ("4.1.4", "3.13", "source"), ("4.2.1", "3.11", "wheel"))
+"""The newest patch of each supported minor before the suite's own (4.3), each with a Python and a way to install
+the connector: PySpark 4.0 on 3.12 with the wheel built on 3.11 (Databricks Runtime 17: Spark 4.0, Python 3.12, a
+wheel built elsewhere), 4.1 on 3.13 from the checkout (built there, the compiled parser too), 4.2 on the suite's
+3.11. Spark's workers run the venv's Python, as its driver does (PySpark refuses a worker of another minor)."""
 
 
 @pytest.fixture(scope="session")
@@ -68,9 +72,15 @@ def test_the_wheel_carries_a_manylinux_tag_and_the_compiled_parser(wheel):
         assert "spark_jetstream/client/_speedups.abi3.so" in opened.namelist()
 
 
-def pyspark_venv(version: str, wheel: Path) -> Path:
-    python = venv(f"pyspark-{version}", f"pyspark=={version}", "nats-py[nkeys]>=2.16,<2.17", "pyarrow>=15")
-    pip(python, "--no-deps", "--force-reinstall", str(wheel))
+def pyspark_venv(version: str, minor: str, install: str, wheel: Path) -> Path:
+    """A venv of CPython ``minor`` with PySpark ``version`` and the connector, from ``wheel`` or (``source``) built
+    from this checkout by that Python; skips where this machine has no such Python."""
+    base = interpreter(minor)
+    if base is None:
+        pytest.skip(f"no CPython {minor} here (looked on PATH and in pyenv's versions): install it to run this test")
+    requirements = (f"pyspark=={version}", "nats-py[nkeys]>=2.16,<2.17", "pyarrow>=15")
+    python = venv(f"pyspark-{version}-py{minor}", *requirements, base=base)
+    pip(python, "--no-deps", "--force-reinstall", str(wheel if install == "wheel" else ROOT))
     return python
 
 
@@ -97,9 +107,11 @@ def older_pyspark_env(python: Path, version: str) -> tuple[dict[str, str], Calla
     return {**os.environ, "SPARK_HOME": str(home), "PYSPARK_PYTHON": str(python), "JAVA_TOOL_OPTIONS": options}, keep
 
 
-@pytest.mark.parametrize("version", OLDER_PYSPARKS)
-def test_streaming_batch_and_write_on_older_pyspark(version, wheel, spark, nats_server, api, make_stream, tmp_path):
-    python = pyspark_venv(version, wheel)
+@pytest.mark.parametrize(("version", "minor", "install"), OLDER_PYSPARKS, ids=lambda value: value)
+def test_streaming_batch_and_write_on_older_pyspark(
+    version, minor, install, wheel, spark, nats_server, api, make_stream, tmp_path
+):
+    python = pyspark_venv(version, minor, install, wheel)
     count, cap = 900, 300  # three capped batches: a run stopped after two, a restart for the third
     stream = make_stream(count, partitions=3, headers=True)
     api.create_stream({"name": f"COPY_{stream.name}", "subjects": [f"copy{stream.name}.>"]})
@@ -117,6 +129,9 @@ def test_streaming_batch_and_write_on_older_pyspark(version, wheel, spark, nats_
     keep_archive()
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["pyspark"] == version
+    # The driver and every Python worker ran this Python, parsing with the compiled handlers.
+    assert seen["python"] == minor
+    assert seen["workers"] == [f"{minor} compiled"], seen["workers"]
 
     def output(name: str):
         return spark.read.parquet(str(tmp_path / name / "out")).select("subject", "data", "seq", "partition")

@@ -8,6 +8,8 @@ python tests/jobs/compat_job.py --servers URL --stream S --group-prefix G --max 
 - ``available_now`` and ``available_now_capped``: ``trigger(availableNow=True)`` without and with
   the cap (groups ``G-now`` and ``G-nowcap``); ``groupless``: the same without a group.
 - ``batch``: a bounded ``spark.read`` of seqs ``(10, 110]``.
+- ``python``, ``workers``: the driver's Python minor, and each Python worker's with the bulk handlers it parses
+  with.
 - ``write``: the stream copied into ``PREFIX.<token>`` subjects with its headers by a streaming
   jetstream -> jetstream query (``availableNow``), run twice on one checkpoint (group ``G-copy``); the same into
   ``aPREFIX.<token>`` with ``progressSubject`` ``aPREFIX_progress`` (atomic batches of 100, group ``G-acopy``), once
@@ -18,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from collections.abc import Iterator
 
 import pyspark
 from local_spark import bounded_read, local_session
@@ -52,7 +56,17 @@ def main() -> None:
     def input_rows(query) -> list[int]:
         return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
 
-    result: dict[str, object] = {"pyspark": pyspark.__version__}
+    major, minor = sys.version_info[:2]
+    result: dict[str, object] = {"pyspark": pyspark.__version__, "python": f"{major}.{minor}"}
+
+    def worker(_: object) -> Iterator[str]:
+        import sys
+
+        from spark_jetstream.client.protocol import BULK
+
+        yield f"{sys.version_info[0]}.{sys.version_info[1]} {BULK.name}"
+
+    result["workers"] = sorted(set(spark.sparkContext.parallelize(range(2), 2).mapPartitions(worker).collect()))
 
     batches: list[int] = []
     reported: list[str] = []  # the stream's end as each progress of the first run reports it
