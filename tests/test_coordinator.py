@@ -13,7 +13,7 @@ from helpers import wait_for
 from spark_jetstream.client.connection import connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import publish_all
-from spark_jetstream.errors import DataLossError, GroupConfigError
+from spark_jetstream.errors import DataLossError, GroupConfigError, OptionError
 from spark_jetstream.groups.layout import partitioned_stream_config
 from spark_jetstream.options import parse_connection_options
 from spark_jetstream.read.ranges import SmallBatch
@@ -107,6 +107,35 @@ def test_a_small_batch_is_one_task_and_a_larger_one_a_task_per_partition(nats_se
     assert [(r.start, r.end) for r in batch.ranges] == [(stream.expected(p, 0, 10)[0] - 1, small.seq) for p in range(4)]
     tasks = coordinators(nats_server.url, stream.name, "apart-cut", minPartitions="8").plan(start, small)
     assert len(tasks) == 8 and {r.filter for r in tasks} == {f"{p}.>" for p in range(4)}
+
+
+def test_without_partition_order_a_batch_is_cut_by_seq_through_one_unfiltered_read(
+    nats_server, api, make_stream, coordinators
+):
+    """``preservePartitionOrder=false``: a larger batch is as many contiguous ">" ranges as the read has filters (or
+    ``minPartitions``), a small one stays one task; a group whose members read only part of the stream is refused
+    when the query starts, naming the option and the filters (each filter would still be read filtered)."""
+    stream = make_stream(ONE_TASK_MESSAGES + 100, partitions=4)
+    start, small, large = (Watermark(stream.name, seq) for seq in (0, ONE_TASK_MESSAGES, ONE_TASK_MESSAGES + 100))
+    url = nats_server.url
+    tasks = coordinators(url, stream.name, stream.group, preservePartitionOrder="false").plan(start, large)
+    assert [r.filter for r in tasks] == [">"] * 4
+    assert [(r.start, r.end) for r in tasks] == [(i * (large.seq // 4), (i + 1) * (large.seq // 4)) for i in range(4)]
+    tasks = coordinators(url, stream.name, "six", preservePartitionOrder="false", minPartitions="6").plan(start, large)
+    assert len(tasks) == 6 and {r.filter for r in tasks} == {">"}
+    (batch,) = coordinators(url, stream.name, "small", preservePartitionOrder="false").plan(start, small)
+    assert (batch.filter, batch.start, batch.end) == (">", 0, small.seq)
+    config = api.stream_info(stream.name)["config"]
+    subjects = [*config["subjects"], f"other.{stream.name}"]
+    api.call(("STREAM", "UPDATE", stream.name), {**config, "subjects": subjects}, "Adding a subject")
+    with pytest.raises(OptionError) as refused:
+        coordinators(url, stream.name, "apart", preservePartitionOrder="false")
+    assert str(refused.value) == (
+        f"Option 'preservePartitionOrder' is false, which reads each micro-batch as seq ranges of all of stream "
+        f"{stream.name!r} through one unfiltered read, but group 'apart''s members read only part of it (0.>, 1.>, "
+        "2.>, 3.>): drop the option (or the `subjects` option), or read a stream whose partition transform every "
+        "subject goes through."
+    )
 
 
 def test_a_pcgroups_static_group_in_kv_is_read(nats_server, conn, api, make_stream, coordinators):

@@ -11,7 +11,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from helpers import checkpoint_log, error_text, finish_job, reader, run_then_kill, start_and_expect
+from helpers import ack_floors, checkpoint_log, error_text, finish_job, reader, run_then_kill, start_and_expect
 
 from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
@@ -183,3 +183,39 @@ def test_min_partitions_cuts_every_micro_batch_and_a_replay_after_a_crash_alike(
         assert api.consumer_names("SplitReplay") == ["split-0"]
     finally:
         api.delete_stream("SplitReplay")
+
+
+WIDE = 4800
+"""Seqs in each micro-batch of the ``preservePartitionOrder`` test: more than ``ONE_TASK_MESSAGES``, 4 slices."""
+
+
+def test_without_partition_order_each_micro_batch_is_read_as_seq_slices_of_the_whole_stream(
+    spark, nats_server, api, make_stream, tmp_path
+):
+    """``preservePartitionOrder=false`` on a 4-partition stream read through its group: every batch of 4,800 seqs
+    (more than one task's 4,096) is read by 4 tasks (as many as members), each a contiguous slice of 1,200 seqs
+    holding every message in it (all partitions', through one unfiltered read); the batch whose driver was SIGKILLed
+    before its commit is cut alike when the restarted query replays it; the output is exact and every member
+    consumer's ack floor is the checkpoint's end."""
+    stream = make_stream(3 * WIDE, partitions=4)
+    splits, checkpoint = tmp_path / "splits", tmp_path / "cp"
+    args = [sys.executable, str(SPLITS_JOB), "--servers", nats_server.url, "--stream", stream.name,
+            "--group", stream.group, "--out", str(tmp_path / "out"), "--checkpoint", str(checkpoint),
+            "--splits", str(splits), "--unordered", "--max-per-trigger", str(WIDE)]  # fmt: skip
+    run_then_kill([*args, "--hang-on-batch", "1"], lambda: (splits / "hanging").exists(), 240)
+    assert 1 in checkpoint_log(checkpoint, "offsets") and 1 not in checkpoint_log(checkpoint, "commits")
+
+    finish_job(spark, args)
+    recorded = _splits(splits)
+    assert sorted(recorded) == [0, 1, 2] and len(recorded[1]) == 2
+    assert recorded[1][0] == recorded[1][1]  # the replay was cut exactly as the batch the crash interrupted
+    for batch, (split, *_) in recorded.items():
+        slices = sorted(split.values())
+        assert len(slices) == 4, (batch, split)
+        assert slices[0][0] == WIDE * batch + 1 and slices[-1][1] == WIDE * (batch + 1)
+        assert all(low == previous[1] + 1 for previous, (low, *_) in pairwise(slices))
+        assert all(count == high - low + 1 == WIDE // 4 for low, high, count in slices)  # every message, unfiltered
+    out = spark.read.parquet(str(tmp_path / "out"))
+    rows = sorted((r.seq, r.subject, bytes(r.data)) for r in out.collect())
+    assert rows == [(seq, subject, data) for seq, (subject, data, _, _) in sorted(stream.messages.items())]
+    assert ack_floors(api, stream) == {stream.consumer(p): 3 * WIDE for p in range(4)}

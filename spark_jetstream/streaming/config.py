@@ -60,6 +60,7 @@ class SourceConfig:
     direct_max_bytes: int = default_of("directGetMaxBytes")
     read_mode: str = default_of("readMode")
     min_partitions: int | None = None
+    preserve_order: bool = default_of("preservePartitionOrder")
     bucket: str | None = None
     keys: tuple[str, ...] | None = None
 

@@ -18,7 +18,7 @@ from typing import Any
 from spark_jetstream.client.connection import Connection, connect
 from spark_jetstream.client.features import GROUPS
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.errors import DataLossError
+from spark_jetstream.errors import DataLossError, OptionError
 from spark_jetstream.groups.layout import reads_whole_stream
 from spark_jetstream.read.consumer import check_consumer_reads
 from spark_jetstream.read.direct import first_seqs, split, spread
@@ -26,7 +26,7 @@ from spark_jetstream.read.kv import KvView, table_view
 from spark_jetstream.read.kv_latest import latest_ranges
 from spark_jetstream.read.mode import DIRECT, PULL, choose_read_mode
 from spark_jetstream.read.ranges import MemberRange, SeqRange, SmallBatch
-from spark_jetstream.read.scope import ReadScope, stream_scope
+from spark_jetstream.read.scope import ReadScope, group_scope, stream_scope
 from spark_jetstream.read.start import check_data_loss, start_after, warn_skipped
 from spark_jetstream.streaming.config import SourceConfig
 from spark_jetstream.streaming.faults import fault_point
@@ -94,9 +94,14 @@ class Coordinator:
         self._take_state(source_info if self.stream == config.stream else self.api.stream_info(self.stream))
         what = f"query on group {config.group!r}" if config.group else "query"
         self.direct = choose_read_mode(self.api, self.stream, self._stream_config, config.read_mode, what) == DIRECT
-        # A group read through consumers without minPartitions pulls from its member consumers, a task each (4.2);
-        # every other read has its tasks read ranges, with Direct Get or through consumers of their own.
-        self.pulls_members = self.group is not None and not self.direct and config.min_partitions is None
+        # A group read through consumers without minPartitions pulls from its member consumers, a task each (4.2),
+        # unless it need not keep a partition's messages together; every other read has its tasks read ranges, with
+        # Direct Get or through consumers of their own.
+        in_partitions = config.min_partitions is None and config.preserve_order
+        self.pulls_members = self.group is not None and not self.direct and in_partitions
+        scope = group_scope(self.group.layout) if self.group is not None else self.scope
+        assert scope is not None
+        self._check_unordered(scope.filters)
         if not self.direct and not self.pulls_members:
             check_consumer_reads(self.stream, self._stream_config)
         if self.group is not None:
@@ -286,9 +291,11 @@ class Coordinator:
             kv=self._kv_view(start, end),
         )
         filters = list(scope.filters)
+        self._check_unordered(filters)  # a group's members may have changed
         width = end.seq - start.seq
         small = width <= ONE_TASK_MESSAGES and width * state.average_size <= template.record_batch_bytes
-        cut_by_seq = config.min_partitions is not None or small  # no task per partition: order is by seq
+        # No task per partition: order is by seq, and a read of the whole stream is one unfiltered range.
+        cut_by_seq = config.min_partitions is not None or small or not config.preserve_order
         if cut_by_seq and reads_whole_stream(self._stream_config, filters):
             filters = [">"]
         firsts = first_seqs(self.conn, self.stream, filters, start.seq, end.seq, leader=not self.direct)
@@ -299,9 +306,22 @@ class Coordinator:
         ranges = split(template, firsts, filters, width)
         if config.min_partitions is not None:
             return spread(ranges, config.min_partitions)
-        if small and len(ranges) > 1:
-            return [SmallBatch(tuple(ranges))]
-        return ranges
+        if small:
+            return [SmallBatch(tuple(ranges))] if len(ranges) > 1 else ranges
+        return ranges if config.preserve_order else spread(ranges, len(scope.filters))  # as many tasks as filters
+
+    def _check_unordered(self, filters: tuple[str, ...] | list[str]) -> None:
+        """``preservePartitionOrder=false`` reads a batch as seq ranges of one filter: refuse a read of several
+        filters that do not make up the whole stream (each would still be read filtered, at the same cost)."""
+        if self.config.preserve_order or len(filters) == 1 or reads_whole_stream(self._stream_config, filters):
+            return
+        what = f"group {self.config.group!r}'s members read" if self.config.group else "this read covers"
+        raise OptionError(
+            f"Option 'preservePartitionOrder' is false, which reads each micro-batch as seq ranges of all of stream "
+            f"{self.stream!r} through one unfiltered read, but {what} only part of it ({', '.join(filters)}): "
+            "drop the option (or the `subjects` option), or read a stream whose partition transform every subject "
+            "goes through."
+        )
 
     def _kv_view(self, start: Watermark, end: Watermark) -> KvView | None:
         """A bucket's batch: every change, or with ``snapshot`` the batch from seq 0 as the latest values up to its
