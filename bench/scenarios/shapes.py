@@ -9,8 +9,9 @@ loops on the same data and against what Spark itself moves from a Python source.
 
 Each shape is read with ``trigger(availableNow=True)`` into ``noop`` and as a bounded batch read (``count``),
 by default, with ``readMode=pull`` and with ``minPartitions`` (``--min-partitions``, 8 by default; without Direct Get:
-slices through consumers of the tasks' own); ``--shapes`` picks shapes by a part of their names. The references, in
-the same run on the same data:
+slices through consumers of the tasks' own), and streaming with ``preservePartitionOrder=false``; ``--shapes`` picks
+shapes by a part of their names. Every read's and raw loop's nats-server CPU per message is printed against the raw
+'>' loop's of the same shape (the server's share, issue 57). The references, in the same run on the same data:
 
 * ``raw Direct Get``: ``raw_direct`` reading the shape's partition filters in 2 processes (Direct Get shapes): the
   reference of streaming reads; reading ``>`` in one process: of batch reads, one task reading ``>`` here; and
@@ -38,7 +39,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from common import KINDS, MASTER_ENV, PROCESSES_ENV, Cpu, heading, processes
+from common import KINDS, MASTER_ENV, PROCESSES_ENV, Cpu, CpuWatch, heading, processes
 from noio import noio_source
 from raw_direct import run_direct_parallel
 from raw_pull import run_baseline_parallel, run_slices_parallel
@@ -73,10 +74,19 @@ class Shape:
 
 SHAPES = (
     Shape("8 partitions, 1,024 subjects", 1024, 8, True),
+    Shape("8 partitions, 5,000 subjects", 5000, 8, True),
     Shape("8 partitions, 200,000 subjects", 200_000, 8, True),
     Shape("no transform, Direct Get", 1024, None, True),
     Shape("no transform, client defaults", 1024, None, False),
 )
+
+
+UNORDERED = "preservePartitionOrder=false"
+"""A streaming read's mode only: batch reads of a stream that is all the read's are unfiltered already."""
+SERVER_UNORDERED_TARGET = 1.3
+"""nats-server CPU per message of a ``UNORDERED`` streaming read at most this times the raw '>' loop's."""
+SERVER_DEFAULT_TARGET = 1.2
+"""nats-server CPU per message of a default streaming read at most this times its raw filtered loop's."""
 
 
 def modes(min_partitions: int) -> dict[str, dict[str, str]]:
@@ -85,6 +95,7 @@ def modes(min_partitions: int) -> dict[str, dict[str, str]]:
         "default": {},
         "readMode=pull": {"readMode": "pull"},
         f"minPartitions={min_partitions}": {"minPartitions": str(min_partitions)},
+        UNORDERED: {"preservePartitionOrder": "false"},
     }
 
 
@@ -151,40 +162,56 @@ def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]
             f"{shape.name}: streaming {mode}",
             lambda r, o=extra, g=slug: _streaming(suite, "jetstream", {**options, **o}, f"{g}-{r}"),
         )
-        timed[f"batch {mode}"] = _best(
-            suite, f"{shape.name}: batch {mode}", lambda r, o=extra: _batch(suite, "jetstream", {**options, **o})
-        )
-    raw: dict[str, tuple[float, str]] = {}
+        if mode != UNORDERED:
+            timed[f"batch {mode}"] = _best(
+                suite, f"{shape.name}: batch {mode}", lambda r, o=extra: _batch(suite, "jetstream", {**options, **o})
+            )
+    raw: dict[str, tuple[float, str, Cpu]] = {}
     if shape.direct:
         filters = shape.filters()
-        seconds = min(_raw_direct(suite, filters) for _ in range(ROUNDS))
-        raw["direct"] = (count / seconds, f"raw Direct Get ({len(filters)} filters)")
+        raw["direct"] = (*_raw(count, lambda: _raw_direct(suite, filters)), f"raw Direct Get ({len(filters)} filters)")
         if filters != [">"]:  # a batch read reads '>' in one task here
-            seconds = min(_raw_direct(suite, [">"]) for _ in range(ROUNDS))
-            raw["whole"] = (count / seconds, "raw Direct Get ('>')")
-        seconds = min(_raw_direct(suite, [">"] * 2, last=count) for _ in range(ROUNDS))
-        raw["slices"] = (count / seconds, "raw Direct Get ('>', 2 slices)")
+            raw["whole"] = (*_raw(count, lambda: _raw_direct(suite, [">"])), "raw Direct Get ('>')")
+        slices = _raw(count, lambda: _raw_direct(suite, [">"] * 2, last=count))
+        raw["slices"] = (*slices, "raw Direct Get ('>', 2 slices)")
     members = f"shape{index}-readmode-0-"  # the member consumers of the first readMode=pull streaming read
     consumers = sorted(c for c in api.consumer_names(STREAM) if c.startswith(members))
-    seconds = min(
-        _checked(run_baseline_parallel(suite.conn, suite.address, consumers, count, STREAM), count, "the raw pull")
-        for _ in range(ROUNDS)
+    pulled = _raw(
+        count,
+        lambda: _checked(run_baseline_parallel(suite.conn, suite.address, consumers, count, STREAM), count, "raw pull"),
     )
-    raw["pull"] = (count / seconds, f"raw pull ({len(consumers)} consumers)")
+    raw["pull"] = (*pulled, f"raw pull ({len(consumers)} consumers)")
     if not shape.direct:  # minPartitions reads slices through consumers of their own: so does its raw loop
-        seconds = min(_raw_slices(suite, processes(), count) for _ in range(ROUNDS))
-        raw["slices"] = (count / seconds, f"raw pull ({processes()} slice consumers)")
-    out = [Row(shape.name, what, rate, count / rate, None) for rate, what in raw.values()]
+        slices = _raw(count, lambda: _raw_slices(suite, processes(), count))
+        raw["slices"] = (*slices, f"raw pull ({processes()} slice consumers)")
+    out = [Row(shape.name, what, rate, count / rate, cpu) for rate, cpu, what in raw.values()]
     for what, (seconds, cpu, phases) in timed.items():
         kind, mode = what.split(" ", 1)
         path = "pull" if mode == "readMode=pull" or not shape.direct else "direct"
-        if mode.startswith("minPartitions=") and "slices" in raw:
+        if (mode.startswith("minPartitions=") or mode == UNORDERED) and "slices" in raw:
             path = "slices"  # cut by seq: '>' with Direct Get (decision 0017), else slice consumers (decision 0021)
         elif path == "direct" and kind == "batch" and "whole" in raw:
             path = "whole"  # a batch read of a stream that is all the group's: '>' in one task (under 1,000,000 seqs)
         reference = min(raw[path][0], ceiling[kind])
         out.append(Row(shape.name, what, count / seconds, seconds, cpu, reference, phases, raw[path][0]))
     return out
+
+
+def _raw(count: int, loop: Callable[[], float]) -> tuple[float, Cpu]:
+    """The best of ``ROUNDS`` runs of a raw loop (its seconds): rows/s and the CPU of that run (nats-server's too)."""
+    runs = []
+    for _ in range(ROUNDS):
+        watch = CpuWatch()
+        seconds = loop()
+        runs.append((seconds, watch.stop()))
+    seconds, cpu = min(runs, key=lambda run: run[0])
+    return count / seconds, cpu
+
+
+def _server_us(row: Row) -> float:
+    """nats-server CPU per message read (us)."""
+    assert row.cpu is not None
+    return row.cpu.seconds["nats-server"] / (row.rate * row.seconds) * 1e6
 
 
 def _checked(result: tuple[float, int], count: int, what: str) -> float:
@@ -286,11 +313,12 @@ def _report(suite: Suite, rows: list[Row]) -> None:
                 + " ".join(f"{ph.get(n, 0) / 1000:>13.2f}" for n in names)
                 + f" {read_ratio:>10}"
             )
+    _server_share(suite, rows)
     seconds = {(row.shape, row.what): row.seconds for row in rows}
     slower = [  # a streaming read's time over the batch read's of the same shape and mode
         (seconds[(shape, what)] / seconds[(shape, "batch" + what[len("streaming") :])], shape, what)
         for shape, what in seconds
-        if what.startswith("streaming ")
+        if what.startswith("streaming ") and (shape, "batch" + what[len("streaming") :]) in seconds
     ]
     print("  streaming / batch time: " + ", ".join(f"{s} {w[10:]} {r:.2f}" for r, s, w in slower))
     pulls = [r for r in rows if r.what == "streaming readMode=pull" and r.shape.startswith("8 partitions")]
@@ -322,6 +350,39 @@ def _report(suite: Suite, rows: list[Row]) -> None:
             ratio <= STREAM_VS_BATCH_TARGET,
         )
     )
+
+
+def _server_share(suite: Suite, rows: list[Row]) -> None:
+    """The server's share of each read (issue 57): nats-server CPU per message against the raw '>' loop of the same
+    shape (its cheapest read), and for streaming reads the goals: the default within ``SERVER_DEFAULT_TARGET`` of
+    its raw filtered loop, ``UNORDERED`` within ``SERVER_UNORDERED_TARGET`` of the raw '>' loop."""
+    by = {(row.shape, row.what): row for row in rows if row.cpu is not None}
+    print("  nats-server CPU per message read (us), and against the raw '>' loop of the same shape (2 slices):")
+    for (shape, what), row in by.items():
+        whole = by.get((shape, "raw Direct Get ('>', 2 slices)"))
+        against = f"{_server_us(row) / _server_us(whole):.2f}x" if whole else "-"
+        print(f"  {shape:<31} {what:<40} {_server_us(row):>7.2f} {against:>7}")
+    for shape in dict.fromkeys(row.shape for row in rows):
+        filtered = next((row for (s, what), row in by.items() if s == shape and what.endswith(" filters)")), None)
+        goals = (
+            ("default", by.get((shape, "streaming default")), filtered, SERVER_DEFAULT_TARGET),
+            (UNORDERED, by.get((shape, f"streaming {UNORDERED}")), by.get((shape, "raw Direct Get ('>', 2 slices)")),
+             SERVER_UNORDERED_TARGET),
+        )  # fmt: skip
+        for mode, read, raw, target in goals:
+            if read is None or raw is None:
+                continue
+            ratio = _server_us(read) / _server_us(raw)
+            suite.summary.append(
+                Summary(
+                    f"shapes: nats-server us/msg, streaming {mode} vs {raw.what} ({shape})",
+                    _server_us(read),
+                    _server_us(raw),
+                    "us/msg",
+                    f"<= {target:g}x",
+                    ratio <= target,
+                )
+            )
 
 
 def core_counts(cores: int) -> list[int]:
