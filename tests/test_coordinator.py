@@ -14,7 +14,8 @@ from spark_jetstream.client.connection import connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.errors import DataLossError, GroupConfigError, OptionError
-from spark_jetstream.groups.layout import partitioned_stream_config
+from spark_jetstream.groups.admin import create_group, delete_group
+from spark_jetstream.groups.layout import GroupConfig, PartitioningFilter, partitioned_stream_config, work_stream_name
 from spark_jetstream.options import parse_connection_options
 from spark_jetstream.read.ranges import SmallBatch
 from spark_jetstream.streaming.config import SourceConfig
@@ -136,6 +137,23 @@ def test_without_partition_order_a_batch_is_cut_by_seq_through_one_unfiltered_re
         "2.>, 3.>): drop the option (or the `subjects` option), or read a stream whose partition transform every "
         "subject goes through."
     )
+
+
+def test_without_partition_order_an_elastic_groups_work_stream_is_refused(nats_server, api, coordinators):
+    """An elastic group's members read its work stream, which sources the stream: not cut by seq yet, and said so."""
+    api.create_stream({"name": "ElasticOrders", "subjects": ["eorders.*"]})
+    config = GroupConfig("elastic", 4, members=("m1",), partitioning_filters=(PartitioningFilter("eorders.*", (1,)),))
+    create_group(api, "ElasticOrders", "eu", config)
+    try:
+        with pytest.raises(OptionError) as refused:
+            coordinators(nats_server.url, "ElasticOrders", "eu", preservePartitionOrder="false")
+        assert str(refused.value).startswith(
+            f"Option 'preservePartitionOrder' false is not supported yet on stream "
+            f"{work_stream_name('ElasticOrders', 'eu')!r}, whose messages are sourced from other streams"
+        )
+    finally:
+        delete_group(api, "ElasticOrders", "eu")
+        api.delete_stream("ElasticOrders")
 
 
 def test_a_pcgroups_static_group_in_kv_is_read(nats_server, conn, api, make_stream, coordinators):

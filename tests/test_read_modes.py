@@ -141,6 +141,24 @@ def _splits(folder: Path) -> dict[int, list[dict[str, list[int]]]]:
     return {batch: [split for _, split in sorted(records)] for batch, records in found.items()}
 
 
+def _cut_alike_after_a_kill(spark, args: list[str], splits: Path, checkpoint: Path, width: int, tasks: int) -> None:
+    """Run the ``record_splits`` job of ``args`` until it hangs in batch 1, SIGKILL it, finish it on its checkpoint:
+    each of the 3 batches of ``width`` seqs was read by ``tasks`` contiguous slices holding every message of their
+    seqs, and the replay of batch 1 was cut exactly as the batch the crash interrupted."""
+    run_then_kill([*args, "--hang-on-batch", "1"], lambda: (splits / "hanging").exists(), 240)
+    assert 1 in checkpoint_log(checkpoint, "offsets") and 1 not in checkpoint_log(checkpoint, "commits")
+    finish_job(spark, args)
+    recorded = _splits(splits)
+    assert sorted(recorded) == [0, 1, 2] and len(recorded[1]) == 2
+    assert recorded[1][0] == recorded[1][1]
+    for batch, (split, *_) in recorded.items():
+        slices = sorted(split.values())
+        assert len(slices) == tasks, (batch, split)
+        assert slices[0][0] == width * batch + 1 and slices[-1][1] == width * (batch + 1)
+        assert all(low == previous[1] + 1 for previous, (low, *_) in pairwise(slices))
+        assert all(count == high - low + 1 == width // tasks for low, high, count in slices)
+
+
 BATCH = 800
 """Seqs in each micro-batch of the ``minPartitions`` test: 8 slices of 100."""
 
@@ -161,19 +179,7 @@ def test_min_partitions_cuts_every_micro_batch_and_a_replay_after_a_crash_alike(
         args = [sys.executable, str(SPLITS_JOB), "--servers", nats_server.url, "--stream", "SplitReplay",
                 "--group", "split", "--out", str(tmp_path / "out"), "--checkpoint", str(checkpoint),
                 "--splits", str(splits), "--min-partitions", "8", "--max-per-trigger", str(BATCH)]  # fmt: skip
-        run_then_kill([*args, "--hang-on-batch", "1"], lambda: (splits / "hanging").exists(), 240)
-        assert 1 in checkpoint_log(checkpoint, "offsets") and 1 not in checkpoint_log(checkpoint, "commits")
-
-        finish_job(spark, args)
-        recorded = _splits(splits)
-        assert sorted(recorded) == [0, 1, 2] and len(recorded[1]) == 2
-        assert recorded[1][0] == recorded[1][1]  # the replay was cut exactly as the batch the crash interrupted
-        for batch, (split, *_) in recorded.items():
-            assert len(split) == 8, (batch, split)
-            slices = sorted(split.values())
-            assert slices[0][0] == BATCH * batch + 1 and slices[-1][1] == BATCH * (batch + 1)
-            assert all(low == previous[1] + 1 for previous, (low, *_) in pairwise(slices))
-            assert all(count == high - low + 1 == BATCH // 8 for low, high, count in slices)
+        _cut_alike_after_a_kill(spark, args, splits, checkpoint, BATCH, 8)
         out = spark.read.parquet(str(tmp_path / "out"))
         rows = sorted((r.seq, r.subject, bytes(r.data)) for r in out.collect())
         assert rows == [(i + 1, f"split.{i % 9}", f"m{i}".encode()) for i in range(3 * BATCH)]
@@ -202,19 +208,7 @@ def test_without_partition_order_each_micro_batch_is_read_as_seq_slices_of_the_w
     args = [sys.executable, str(SPLITS_JOB), "--servers", nats_server.url, "--stream", stream.name,
             "--group", stream.group, "--out", str(tmp_path / "out"), "--checkpoint", str(checkpoint),
             "--splits", str(splits), "--unordered", "--max-per-trigger", str(WIDE)]  # fmt: skip
-    run_then_kill([*args, "--hang-on-batch", "1"], lambda: (splits / "hanging").exists(), 240)
-    assert 1 in checkpoint_log(checkpoint, "offsets") and 1 not in checkpoint_log(checkpoint, "commits")
-
-    finish_job(spark, args)
-    recorded = _splits(splits)
-    assert sorted(recorded) == [0, 1, 2] and len(recorded[1]) == 2
-    assert recorded[1][0] == recorded[1][1]  # the replay was cut exactly as the batch the crash interrupted
-    for batch, (split, *_) in recorded.items():
-        slices = sorted(split.values())
-        assert len(slices) == 4, (batch, split)
-        assert slices[0][0] == WIDE * batch + 1 and slices[-1][1] == WIDE * (batch + 1)
-        assert all(low == previous[1] + 1 for previous, (low, *_) in pairwise(slices))
-        assert all(count == high - low + 1 == WIDE // 4 for low, high, count in slices)  # every message, unfiltered
+    _cut_alike_after_a_kill(spark, args, splits, checkpoint, WIDE, 4)  # each slice every message: unfiltered
     out = spark.read.parquet(str(tmp_path / "out"))
     rows = sorted((r.seq, r.subject, bytes(r.data)) for r in out.collect())
     assert rows == [(seq, subject, data) for seq, (subject, data, _, _) in sorted(stream.messages.items())]
