@@ -83,6 +83,9 @@ SHAPES = (
 
 UNORDERED = "preservePartitionOrder=false"
 """A streaming read's mode only: batch reads of a stream that is all the read's are unfiltered already."""
+NO_GROUP = "no group"
+"""Streaming reads without the group option (the checkpoint alone holds the position); batch reads take no group
+anyway."""
 SERVER_UNORDERED_TARGET = 1.3
 """nats-server CPU per message of a ``UNORDERED`` streaming read at most this times the raw '>' loop's."""
 SERVER_DEFAULT_TARGET = 1.2
@@ -96,6 +99,8 @@ def modes(min_partitions: int) -> dict[str, dict[str, str]]:
         "readMode=pull": {"readMode": "pull"},
         f"minPartitions={min_partitions}": {"minPartitions": str(min_partitions)},
         UNORDERED: {"preservePartitionOrder": "false"},
+        NO_GROUP: {},
+        f"{NO_GROUP}, {UNORDERED}": {"preservePartitionOrder": "false"},
     }
 
 
@@ -156,13 +161,14 @@ def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]
     options = {"servers": suite.url, "stream": STREAM}
     timed: dict[str, tuple[float, Cpu, dict[str, float] | None]] = {}
     for mode, extra in modes(suite.args.min_partitions).items():
-        slug = f"shape{index}-{mode.split('=')[0].lower()}"
+        slug = f"shape{index}-{mode.split('=')[0].replace(', ', '-').replace(' ', '-').lower()}"
+        grouped = not mode.startswith(NO_GROUP)
         timed[f"streaming {mode}"] = _best(
             suite,
             f"{shape.name}: streaming {mode}",
-            lambda r, o=extra, g=slug: _streaming(suite, "jetstream", {**options, **o}, f"{g}-{r}"),
+            lambda r, o=extra, g=slug, k=grouped: _streaming(suite, "jetstream", {**options, **o}, f"{g}-{r}", k),
         )
-        if mode != UNORDERED:
+        if UNORDERED not in mode and grouped:
             timed[f"batch {mode}"] = _best(
                 suite, f"{shape.name}: batch {mode}", lambda r, o=extra: _batch(suite, "jetstream", {**options, **o})
             )
@@ -188,7 +194,7 @@ def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]
     for what, (seconds, cpu, phases) in timed.items():
         kind, mode = what.split(" ", 1)
         path = "pull" if mode == "readMode=pull" or not shape.direct else "direct"
-        if (mode.startswith("minPartitions=") or mode == UNORDERED) and "slices" in raw:
+        if (mode.startswith("minPartitions=") or UNORDERED in mode) and "slices" in raw:
             path = "slices"  # cut by seq: '>' with Direct Get (decision 0017), else slice consumers (decision 0021)
         elif path == "direct" and kind == "batch" and "whole" in raw:
             path = "whole"  # a batch read of a stream that is all the group's: '>' in one task (under 1,000,000 seqs)
@@ -226,13 +232,16 @@ def _raw_direct(suite: Suite, filters: list[str], last: int | None = None) -> fl
     return _checked((seconds, got), suite.args.shape_messages, "the raw Direct Get")
 
 
-def _streaming(suite: Suite, source: str, options: dict[str, str], group: str) -> dict[str, float]:
-    """Read the whole stream; returns Spark's ``durationMs`` phases summed over the query's batches."""
+def _streaming(
+    suite: Suite, source: str, options: dict[str, str], group: str, grouped: bool = True
+) -> dict[str, float]:
+    """Read the whole stream (through ``group``, unless not ``grouped``: the name then only names the checkpoint);
+    returns Spark's ``durationMs`` phases summed over the query's batches."""
     from pyspark.sql import SparkSession
 
     spark, count = SparkSession.getActiveSession(), suite.args.shape_messages
     reader = spark.readStream.format(source).options(**options)
-    if source == "jetstream":
+    if source == "jetstream" and grouped:
         reader = reader.option("group", group)
     query = (
         reader.load()
