@@ -191,8 +191,9 @@ READS: tuple[Option, ...] = (
         True,
         "`true`: a task per partition filter (a group's member), each reading its messages in seq order. `false`: "
         "each micro-batch is read as contiguous seq ranges of the whole stream through the server's unfiltered "
-        "Direct Get, a task each (as many as the read has filters, or `minPartitions`), which costs nats-server a "
-        "half to a tenth of the filtered reads (more subjects per partition, more saved); for queries that do not "
+        "read (Direct Get of `>`, or without Direct Get a consumer of each task's own), a task each (as many as the "
+        "read has filters, or `minPartitions`), which costs nats-server a half to a seventh of the filtered reads "
+        "(measured: more subjects per partition, more saved); for queries that do not "
         "need one partition's messages together and in order (aggregations, table writes, `foreachBatch`). A "
         "group's pins, member consumers and ack floors stay as they are. Needs a read of all of the stream (every "
         "partition of its transform, or no `subjects`).",

@@ -189,10 +189,10 @@ class _DirectReader:
         (frozen, cut off), is never answered, and while a stream has no responding replica the server answers 503:
         without a first reply within ``conn.direct_wait`` (a fraction of a second, doubled per attempt in a row that
         ran out while the server was busy) or a next one within ``DIRECT_ATTEMPT`` (or that wait, if longer), or on a
-        503, the rest is asked for
-        again on a new inbox (late replies to the old request are ignored), until ``conn.out_of_time`` without
-        progress: a slow server is waited for, a silent one is not. The batch ends at its end status, or as soon as
-        the range's last seq is read (a slow server's end status may come seconds later).
+        503, the rest is asked for again on a new inbox (late replies to the old request are ignored), until
+        ``conn.out_of_time`` without progress: a slow server is waited for, a silent one is not. The batch ends at
+        its end status, or as soon as the range's last seq is read (a slow server's end status may come seconds
+        later).
         """
         started = time.monotonic()  # when this batch last made progress
         stalled = 0  # attempts in a row that ran out of time with the server busy (``conn.asked_too_soon``)
