@@ -523,7 +523,12 @@ def interpreter(minor: str) -> Path | None:
     if f"{sys.version_info[0]}.{sys.version_info[1]}" == minor:
         return Path(sys.executable)
     root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
-    found = sorted(root.glob(f"versions/{minor}.*/bin/python{minor}"), key=lambda path: path.parts[-3], reverse=True)
+
+    def patch(path: Path) -> int:
+        last = path.parts[-3].rsplit(".", 1)[-1]
+        return int(last) if last.isdigit() else -1
+
+    found = sorted(root.glob(f"versions/{minor}.*/bin/python{minor}"), key=patch, reverse=True)  # 3.12.10 before .9
     on_path = shutil.which(f"python{minor}")
     for candidate in [*found, *([Path(on_path)] if on_path else [])]:
         if subprocess.run([str(candidate), "-c", "pass"], capture_output=True).returncode == 0:

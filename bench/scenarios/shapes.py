@@ -86,6 +86,8 @@ UNORDERED = "preservePartitionOrder=false"
 NO_GROUP = "no group"
 """Streaming reads without the group option (the checkpoint alone holds the position); batch reads take no group
 anyway."""
+RAW_WHOLE = "raw Direct Get ('>', 2 slices)"
+"""The server's cheapest read of a shape's messages: what every read's server CPU per message is held against."""
 SERVER_UNORDERED_TARGET = 1.3
 """nats-server CPU per message of a ``UNORDERED`` streaming read at most this times the raw '>' loop's."""
 SERVER_DEFAULT_TARGET = 1.2
@@ -179,7 +181,7 @@ def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]
         if filters != [">"]:  # a batch read reads '>' in one task here
             raw["whole"] = (*_raw(count, lambda: _raw_direct(suite, [">"])), "raw Direct Get ('>')")
         slices = _raw(count, lambda: _raw_direct(suite, [">"] * 2, last=count))
-        raw["slices"] = (*slices, "raw Direct Get ('>', 2 slices)")
+        raw["slices"] = (*slices, RAW_WHOLE)
     members = f"shape{index}-readmode-0-"  # the member consumers of the first readMode=pull streaming read
     consumers = sorted(c for c in api.consumer_names(STREAM) if c.startswith(members))
     pulled = _raw(
@@ -368,15 +370,14 @@ def _server_share(suite: Suite, rows: list[Row]) -> None:
     by = {(row.shape, row.what): row for row in rows if row.cpu is not None}
     print("  nats-server CPU per message read (us), and against the raw '>' loop of the same shape (2 slices):")
     for (shape, what), row in by.items():
-        whole = by.get((shape, "raw Direct Get ('>', 2 slices)"))
+        whole = by.get((shape, RAW_WHOLE))
         against = f"{_server_us(row) / _server_us(whole):.2f}x" if whole else "-"
         print(f"  {shape:<31} {what:<40} {_server_us(row):>7.2f} {against:>7}")
     for shape in dict.fromkeys(row.shape for row in rows):
         filtered = next((row for (s, what), row in by.items() if s == shape and what.endswith(" filters)")), None)
         goals = (
             ("default", by.get((shape, "streaming default")), filtered, SERVER_DEFAULT_TARGET),
-            (UNORDERED, by.get((shape, f"streaming {UNORDERED}")), by.get((shape, "raw Direct Get ('>', 2 slices)")),
-             SERVER_UNORDERED_TARGET),
+            (UNORDERED, by.get((shape, f"streaming {UNORDERED}")), by.get((shape, RAW_WHOLE)), SERVER_UNORDERED_TARGET),
         )  # fmt: skip
         for mode, read, raw, target in goals:
             if read is None or raw is None:
