@@ -213,3 +213,24 @@ def test_without_partition_order_each_micro_batch_is_read_as_seq_slices_of_the_w
     rows = sorted((r.seq, r.subject, bytes(r.data)) for r in out.collect())
     assert rows == [(seq, subject, data) for seq, (subject, data, _, _) in sorted(stream.messages.items())]
     assert ack_floors(api, stream) == {stream.consumer(p): 3 * WIDE for p in range(4)}
+
+
+def test_without_partition_order_a_read_of_part_of_the_stream_is_refused_where_spark_shows_it(
+    spark, nats_server, make_stream, tmp_path
+):
+    """The refusal reaches the user as the connector's sentence (not PySpark's clean-up error), within seconds."""
+    stream = make_stream(100, partitions=2)
+    df = (
+        spark.readStream.format("jetstream")
+        .option("servers", nats_server.url)
+        .option("stream", stream.name)
+        .option("subjects", f"ev{stream.group[1:]}.k1")
+        .option("preservePartitionOrder", "false")
+        .load()
+    )
+    start_and_expect(
+        df,
+        tmp_path,
+        f"Option 'preservePartitionOrder' is false, which reads each micro-batch as seq ranges of all of stream "
+        f"{stream.name!r} through one unfiltered read, but this read covers only part of it",
+    )
