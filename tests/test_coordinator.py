@@ -13,7 +13,7 @@ from helpers import wait_for
 from spark_jetstream.client.connection import connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import publish_all
-from spark_jetstream.errors import DataLossError, GroupConfigError, OptionError
+from spark_jetstream.errors import DataLossError, GroupConfigError, OptionError, ReaderError
 from spark_jetstream.groups.admin import create_group, delete_group
 from spark_jetstream.groups.layout import GroupConfig, PartitioningFilter, partitioned_stream_config, work_stream_name
 from spark_jetstream.options import parse_connection_options
@@ -139,17 +139,35 @@ def test_without_partition_order_a_batch_is_cut_by_seq_through_one_unfiltered_re
     )
 
 
-def test_without_partition_order_an_elastic_groups_work_stream_is_refused(nats_server, api, coordinators):
-    """An elastic group's members read its work stream, which sources the stream: not cut by seq yet, and said so."""
+def test_without_partition_order_an_elastic_groups_work_stream_is_cut_by_seq(nats_server, conn, api, coordinators):
+    """An elastic group's members read its work stream, every message of which comes through the group's partition
+    transforms: a larger batch is cut by seq through one unfiltered read, as on a stream with its own transform. Read
+    through consumers of the query's own, the WorkQueue stream is refused naming what to change."""
     api.create_stream({"name": "ElasticOrders", "subjects": ["eorders.*"]})
     config = GroupConfig("elastic", 4, members=("m1",), partitioning_filters=(PartitioningFilter("eorders.*", (1,)),))
     create_group(api, "ElasticOrders", "eu", config)
+    work, count = work_stream_name("ElasticOrders", "eu"), ONE_TASK_MESSAGES + 100
     try:
-        with pytest.raises(OptionError) as refused:
-            coordinators(nats_server.url, "ElasticOrders", "eu", preservePartitionOrder="false")
-        assert str(refused.value).startswith(
-            f"Option 'preservePartitionOrder' false is not supported yet on stream "
-            f"{work_stream_name('ElasticOrders', 'eu')!r}, whose messages are sourced from other streams"
+        publish_all(conn, ((f"eorders.c{i % 37}", b"x", None) for i in range(count)))
+        wait_for(lambda: api.stream_info(work)["state"]["last_seq"] == count, 30, "the work stream to source it all")
+        start, large = Watermark(work, 0), Watermark(work, count)
+
+        def plan(**options: str) -> list[tuple[str, int, int]]:
+            coordinator = coordinators(nats_server.url, "ElasticOrders", "eu", **options)
+            try:
+                return [(r.filter, r.start, r.end) for r in coordinator.plan(start, large)]
+            finally:
+                coordinator.close()  # one query on a group at a time
+
+        assert plan(preservePartitionOrder="false") == [(">", i * count // 4, (i + 1) * count // 4) for i in range(4)]
+        assert sorted(f for f, _, _ in plan()) == [f"{p}.eorders.*" for p in range(4)]  # the default: by partition
+        with pytest.raises(ReaderError) as refused:
+            coordinators(nats_server.url, "ElasticOrders", "eu", preservePartitionOrder="false", readMode="pull")
+        assert str(refused.value) == (
+            f"Stream {work!r} is a WorkQueue stream, which serves each subject to one consumer only, so a read "
+            f"through consumers of its own cannot read it: enable Direct Get (`nats stream edit {work} "
+            "--allow-direct`) and read with readMode=auto or direct, or read without minPartitions and with "
+            "preservePartitionOrder true (the group's member consumers then take the queue's messages)."
         )
     finally:
         delete_group(api, "ElasticOrders", "eu")

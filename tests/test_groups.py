@@ -8,11 +8,20 @@ import subprocess
 import pytest
 from helpers import wait_for
 from pyspark.sql import DataFrame
+from pyspark.sql.functions import spark_partition_id
 
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.errors import GroupConfigError
 from spark_jetstream.groups.admin import change_members, create_group, delete_group, load_group, status
-from spark_jetstream.groups.layout import GroupConfig, PartitioningFilter, layout_from_config, work_stream_name
+from spark_jetstream.groups.layout import (
+    GroupConfig,
+    PartitioningFilter,
+    layout_from_config,
+    partition_filters,
+    partitioned_stream_config,
+    reads_whole_stream,
+    work_stream_name,
+)
 from spark_jetstream.groups.resolve import resolve_layout
 from spark_jetstream.streaming.config import SourceConfig
 from spark_jetstream.streaming.coordinator import Coordinator
@@ -55,10 +64,50 @@ def test_explicit_mappings_keep_their_partition_order_in_the_filter_subjects():
     assert {m.name: list(m.filter_subjects) for m in layout.members} == {"a": ["2.>", "0.>"], "b": ["3.>", "1.>"]}
 
 
-def test_elastic_membership_changes_between_batches_lose_and_double_nothing(spark, nats_server, api, tmp_path):
+def test_a_read_is_of_the_whole_stream_when_every_message_comes_through_the_partition_transforms():
+    """What lets ``preservePartitionOrder=false`` (and small batches) read ``>``: the stream's own transform taking
+    every subject, or an elastic group's work stream, whose sources take only what their transforms match."""
+    own = partitioned_stream_config("S", "ev.*", 4)
+    assert reads_whole_stream(own, partition_filters(range(4)))
+    assert reads_whole_stream(own, partition_filters(range(4), ["ev.*"]))
+    assert not reads_whole_stream(own, partition_filters(range(3)))
+    assert not reads_whole_stream({**own, "subjects": ["ev.*", "other"]}, partition_filters(range(4)))
+    filters = (PartitioningFilter("orders.*", (1,)), PartitioningFilter("refunds.>"))
+    config = GroupConfig("elastic", 4, members=("m1", "m2"), partitioning_filters=filters)
+    work = config.work_stream_config({"name": "S"}, "g")
+    assert reads_whole_stream(work, layout_from_config(work["name"], "g", config).read_filters)
+    assert reads_whole_stream(work, partition_filters(range(4)))
+    assert not reads_whole_stream(work, partition_filters(range(4), ["orders.*"]))  # the refunds left out
+    assert not reads_whole_stream({**work, "subjects": ["also.>"]}, partition_filters(range(4)))
+
+    def sourced(*transforms: tuple[str, str]) -> dict[str, object]:
+        return {
+            **work,
+            "sources": [{"name": "S", "subject_transforms": [{"src": s, "dest": d} for s, d in transforms]}],
+        }
+
+    renamed = sourced(("orders.*", "{{Partition(4,1)}}.o.{{Wildcard(1)}}"))
+    assert reads_whole_stream(renamed, partition_filters(range(4), ["o.*"]))
+    assert not reads_whole_stream(renamed, partition_filters(range(4), ["orders.*"]))
+    assert not reads_whole_stream(
+        sourced(("a.*", "{{Partition(4,1)}}.a.*"), ("b.*", "{{Partition(2,1)}}.b.*")), ["0.>", "1.>"]
+    )
+    assert not reads_whole_stream(sourced(("a.*", "a.{{Wildcard(1)}}")), partition_filters(range(4)))
+    assert not reads_whole_stream(
+        sourced(("a.*", "{{Partition(4,1)}}.x{{Wildcard(1)}}")), partition_filters(range(4), ["x*"])
+    )
+    assert not reads_whole_stream({**work, "sources": [{"name": "S"}]}, partition_filters(range(4)))  # as published
+
+
+@pytest.mark.parametrize("ordered", [True, False], ids=["default", "preservePartitionOrder-false"])
+def test_elastic_membership_changes_between_batches_lose_and_double_nothing(spark, nats_server, api, tmp_path, ordered):
+    """Members change between batches: nothing lost or doubled, each batch's member consumers as the group says.
+    With ``preservePartitionOrder=false``, batches of 4,800 (more than one task's) are read as seq slices of the
+    whole work stream: 8 tasks (as many as the members' filters), each a contiguous run of seqs."""
+    per_batch = 600 if ordered else 4800
     api.create_stream({"name": "Orders", "subjects": ["orders.*"]})
     try:
-        published = [(f"orders.c{i % 37}", f"order-{i}".encode()) for i in range(3000)]
+        published = [(f"orders.c{i % 37}", f"order-{i}".encode()) for i in range(5 * per_batch)]
         publish_all(api.conn, ((s, d, None) for s, d in published))
         config = GroupConfig(
             "elastic", 8, members=("m1", "m2"), partitioning_filters=(PartitioningFilter("orders.*", (1,)),)
@@ -68,9 +117,15 @@ def test_elastic_membership_changes_between_batches_lose_and_double_nothing(spar
         changes = iter([("m3", "m4"), ("m2", "m3", "m4"), ("m5", "m6")])  # 2 -> 4 -> 1 -> 3 members
         seen: list[tuple[str, bytes]] = []
         consumers_per_batch: list[set[str]] = []
+        slices_per_batch: list[list[list[int]]] = []
 
         def sink(batch: DataFrame, batch_id: int) -> None:
-            seen.extend((r.subject, bytes(r.data)) for r in batch.select("subject", "data").collect())
+            rows = batch.select("seq", "subject", "data", spark_partition_id().alias("task")).collect()
+            seen.extend((r.subject, bytes(r.data)) for r in rows)
+            tasks: dict[int, list[int]] = {}
+            for row in rows:
+                tasks.setdefault(row.task, []).append(row.seq)
+            slices_per_batch.append(sorted(sorted(seqs) for seqs in tasks.values()))
             consumers_per_batch.append(set(api.consumer_names(work)))
             change = next(changes, None)
             if change and batch_id == 0:
@@ -85,7 +140,8 @@ def test_elastic_membership_changes_between_batches_lose_and_double_nothing(spar
             .option("servers", nats_server.url)
             .option("stream", "Orders")
             .option("group", "eg")
-            .option("maxMessagesPerTrigger", 600)
+            .option("maxMessagesPerTrigger", per_batch)
+            .option("preservePartitionOrder", str(ordered).lower())
             .load()
             .writeStream.foreachBatch(sink)
             .option("checkpointLocation", str(tmp_path / "cp"))
@@ -95,6 +151,9 @@ def test_elastic_membership_changes_between_batches_lose_and_double_nothing(spar
         query.awaitTermination(180)
         assert sorted(seen) == sorted(published)  # every message exactly once
         assert consumers_per_batch[:4] == [{"m1", "m2"}, {"m1", "m2", "m3", "m4"}, {"m1"}, {"m1", "m5", "m6"}]
+        if not ordered:
+            assert [len(slices) for slices in slices_per_batch] == [8] * 5
+            assert all(seqs == list(range(seqs[0], seqs[-1] + 1)) for slices in slices_per_batch for seqs in slices)
 
         # committed data left the work queue: its purges may still be at work when the query has ended (1 of 4 suite
         # runs under load left 340 of the last batch's messages for the assertion to see)

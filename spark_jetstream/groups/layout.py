@@ -361,22 +361,50 @@ def transform_partitions(stream_config: dict[str, Any]) -> int | None:
 
 
 def reads_whole_stream(stream_config: dict[str, Any], filters: Sequence[str]) -> bool:
-    """Whether ``filters`` together select every message the stream holds: ``">"``, or ``<p>.>`` for each of the N
-    partitions of the stream's own partition transform when every subject of the stream goes through it (no
-    sources, no mirror). Such a read may use the one filter ``">"``: the server's Direct Get of a partition filter
-    costs it about 3x more per message (decision 0017)."""
+    """Whether ``filters`` together select every message the stream holds: ``">"``, or, when every message comes
+    through partition transforms of N partitions, ``<p>.>`` or ``<p>.<what the transforms store after it>`` for
+    each p. Such a read may use the one filter ``">"``: the server's Direct Get of a partition filter costs it about
+    3x more per message (decision 0017)."""
     if list(filters) == [">"]:
         return True
-    partitions = transform_partitions(stream_config)
-    source = (stream_config.get("subject_transform") or {}).get("src")
-    return (
-        partitions is not None
-        and not stream_config.get("sources")
-        and not stream_config.get("mirror")
-        and bool(stream_config.get("subjects"))
-        and all(subject == source for subject in stream_config["subjects"])
-        and sorted(filters) == sorted(partition_filters(range(partitions)))
-    )
+    partitioning = _stored_partitioned(stream_config)
+    if partitioning is None:
+        return False
+    partitions, stored = partitioning
+    whole = (partition_filters(range(partitions)), partition_filters(range(partitions), stored))
+    return sorted(filters) in [sorted(each) for each in whole]
+
+
+_WILDCARD = re.compile(r"\{\{\s*wildcard\s*\(\s*\d+\s*\)\s*\}\}", re.IGNORECASE)
+
+
+def _stored_partitioned(stream_config: dict[str, Any]) -> tuple[int, list[str]] | None:
+    """N, and the patterns stored after the partition token, when every message the stream stores comes through a
+    transform to ``{{partition(N,...)}}.<pattern>``: the stream's own, which all its subjects go through, or those
+    of each of its sources (an elastic group's work stream, whose source takes only what they match); else None."""
+    own = stream_config.get("subject_transform")
+    subjects = stream_config.get("subjects") or []
+    sources = stream_config.get("sources") or []
+    if stream_config.get("mirror"):
+        return None
+    if own and subjects and not sources and all(subject == own.get("src") for subject in subjects):
+        transforms = [own]
+    elif sources and not subjects and all(source.get("subject_transforms") for source in sources):
+        transforms = [transform for source in sources for transform in source["subject_transforms"]]
+    else:
+        return None
+    counts, stored = set(), []
+    for transform in transforms:
+        dest = transform.get("dest") or ""
+        match = _PARTITION_DEST.match(dest)
+        if match is None:
+            return None
+        pattern = _WILDCARD.sub("*", dest[match.end() :])
+        if any("{" in token or ("*" in token and token != "*") for token in pattern.split(".")):
+            return None  # another transform function, or a wildcard inside a token: not a filter's pattern
+        counts.add(int(match.group(1)))
+        stored.append(pattern)
+    return (counts.pop(), stored) if len(counts) == 1 else None
 
 
 def layout_from_config(stream: str, group: str, config: GroupConfig) -> GroupLayout:

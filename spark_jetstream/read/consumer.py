@@ -61,14 +61,20 @@ _CONSUMER_GONE = ("Consumer Deleted", "Leadership Change", "Server Shutdown")
 """409 statuses after which the read goes on with a new consumer (503: there is none, or it has no server)."""
 
 
-def check_consumer_reads(stream: str, stream_config: dict[str, Any]) -> None:
-    """Refuse, before any task runs, a stream that cannot be read through a consumer of the read's own."""
+def check_consumer_reads(stream: str, stream_config: dict[str, Any], grouped: bool = False) -> None:
+    """Refuse, before any task runs, a stream that cannot be read through a consumer of the read's own (``grouped``:
+    a group query that reads by seq instead of pulling from its member consumers)."""
     if stream_config.get("retention") == "workqueue":
+        pulled = (
+            "read without minPartitions and with preservePartitionOrder true (the group's member consumers then take "
+            "the queue's messages)"
+            if grouped
+            else "stream it with a group (its member consumers take the queue's messages)"
+        )
         raise ReaderError(
             f"Stream {stream!r} is a WorkQueue stream, which serves each subject to one consumer only, so a read "
             f"through consumers of its own cannot read it: enable Direct Get (`nats stream edit {stream} "
-            "--allow-direct`) and read with readMode=auto or direct, or stream it with a group (its member consumers "
-            "take the queue's messages)."
+            f"--allow-direct`) and read with readMode=auto or direct, or {pulled}."
         )
 
 

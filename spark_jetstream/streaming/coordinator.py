@@ -103,7 +103,7 @@ class Coordinator:
         assert scope is not None
         self._check_unordered(scope.filters)
         if not self.direct and not self.pulls_members:
-            check_consumer_reads(self.stream, self._stream_config)
+            check_consumer_reads(self.stream, self._stream_config, grouped=self.group is not None)
         if self.group is not None:
             self.group.hold(self.pulls_members, self.state().retention)  # last: a refused query holds nothing
 
@@ -315,12 +315,6 @@ class Coordinator:
         filters that do not make up the whole stream (each would still be read filtered, at the same cost)."""
         if self.config.preserve_order or len(filters) == 1 or reads_whole_stream(self._stream_config, filters):
             return
-        if self._stream_config.get("sources"):
-            raise OptionError(
-                f"Option 'preservePartitionOrder' false is not supported yet on stream {self.stream!r}, whose "
-                f"messages are sourced from other streams (an elastic group's work stream): its filters "
-                f"({', '.join(filters)}) would each still be read filtered. Drop the option."
-            )
         what = f"group {self.config.group!r}'s members read" if self.config.group else "this read covers"
         raise OptionError(
             f"Option 'preservePartitionOrder' is false, which reads each micro-batch as seq ranges of all of stream "
