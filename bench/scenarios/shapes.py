@@ -5,12 +5,15 @@ loops on the same data and against what Spark itself moves from a Python source.
 
 * ``8 partitions, 1,024 subjects`` and ``8 partitions, 200,000 subjects``: a pcgroups partition transform;
 * ``no transform, Direct Get`` and ``no transform, client defaults`` (no ``allow_direct``): 1,024 subjects
-  under ``ev.>``, as a client's ``StreamConfig(name, subjects)`` makes them.
+  under ``ev.>``, as a client's ``StreamConfig(name, subjects)`` makes them;
+* ``KV bucket, a key per message``: a bucket of history 1 as nats-py makes it, every message a key of its own.
 
-Each shape is read with ``trigger(availableNow=True)`` into ``noop`` and as a bounded batch read (``count``),
+Each stream is read with ``trigger(availableNow=True)`` into ``noop`` and as a bounded batch read (``count``),
 by default, with ``readMode=pull`` and with ``minPartitions`` (``--min-partitions``, 8 by default; without Direct Get:
-slices through consumers of the tasks' own), and streaming with ``preservePartitionOrder=false``; ``--shapes`` picks
-shapes by a part of their names. Every read's and raw loop's nats-server CPU per message is printed against the raw
+slices through consumers of the tasks' own), with ``subjects=ev.*`` (every message, through the subject filter), and
+streaming with ``preservePartitionOrder=false``, through a group and without; the bucket by default and with
+``readMode=pull``, its changes streaming and its latest values in batch. ``--shapes`` picks shapes by a part of their
+names. Every read's and raw loop's nats-server CPU per message is printed against the raw
 '>' loop's of the same shape (the server's share, issue 57). The references, in the same run on the same data:
 
 * ``raw Direct Get``: ``raw_direct`` reading the shape's partition filters in 2 processes (Direct Get shapes): the
@@ -59,17 +62,33 @@ STREAM_VS_BATCH_TARGET = 1.15
 @dataclass(frozen=True)
 class Shape:
     name: str
-    subjects: int
+    subjects: int  # a bucket's: keys
     partitions: int | None  # None: no partition transform
     direct: bool
+    bucket: bool = False  # the KV bucket ``STREAM`` (its stream ``KV_<STREAM>``): a key per message
+
+    @property
+    def stream(self) -> str:
+        return f"KV_{STREAM}" if self.bucket else STREAM
 
     def config(self, storage: str) -> dict[str, object]:
+        if self.bucket:  # as nats-py's create_key_value makes a bucket of history 1
+            return {
+                **{"name": self.stream, "subjects": [f"$KV.{STREAM}.>"], "allow_direct": True, "storage": storage},
+                **{"max_msgs_per_subject": 1, "allow_rollup_hdrs": True, "deny_delete": True, "discard": "new"},
+            }
         if self.partitions is None:
             return {"name": STREAM, "subjects": ["ev.>"], "allow_direct": self.direct, "storage": storage}
         return partitioned_stream_config(STREAM, "ev.*", self.partitions, storage=storage, allow_direct=self.direct)
 
+    def subject(self, index: int) -> str:
+        return f"$KV.{STREAM}.k{index}" if self.bucket else f"ev.k{index}"
+
     def filters(self) -> list[str]:
         return [">"] if self.partitions is None else partition_filters(range(self.partitions))
+
+    def options(self, url: str) -> dict[str, str]:
+        return {"servers": url, "bucket" if self.bucket else "stream": STREAM}
 
 
 SHAPES = (
@@ -78,14 +97,22 @@ SHAPES = (
     Shape("8 partitions, 200,000 subjects", 200_000, 8, True),
     Shape("no transform, Direct Get", 1024, None, True),
     Shape("no transform, client defaults", 1024, None, False),
+    Shape("KV bucket, a key per message", 0, None, True, bucket=True),
 )
 
+
+PARTITIONED = {shape.name for shape in SHAPES if shape.partitions}
+"""The shapes the server's-share goals are about (issue 57)."""
+BUCKETS = {shape.name for shape in SHAPES if shape.bucket}
 
 UNORDERED = "preservePartitionOrder=false"
 """A streaming read's mode only: batch reads of a stream that is all the read's are unfiltered already."""
 NO_GROUP = "no group"
 """Streaming reads without the group option (the checkpoint alone holds the position); batch reads take no group
 anyway."""
+SUBJECTS = "subjects=ev.*"
+"""A read with a subject filter (without a group, which reads what its members read) that every message matches:
+``<p>.ev.*`` for each partition, or ``ev.*`` on a stream without a transform, as a filter of part of it is read."""
 RAW_WHOLE = "raw Direct Get ('>', 2 slices)"
 """The server's cheapest read of a shape's messages: what every read's server CPU per message is held against."""
 SERVER_UNORDERED_TARGET = 1.3
@@ -103,7 +130,13 @@ def modes(min_partitions: int) -> dict[str, dict[str, str]]:
         UNORDERED: {"preservePartitionOrder": "false"},
         NO_GROUP: {},
         f"{NO_GROUP}, {UNORDERED}": {"preservePartitionOrder": "false"},
+        SUBJECTS: {"subjects": "ev.*"},
+        f"{SUBJECTS}, {UNORDERED}": {"subjects": "ev.*", "preservePartitionOrder": "false"},
     }
+
+
+BUCKET_MODES = {"default": {}, "readMode=pull": {"readMode": "pull"}}
+"""A bucket's reads: its changes (streaming, without a group), its live keys' latest values (batch)."""
 
 
 @dataclass
@@ -141,8 +174,7 @@ def run(suite: Suite) -> None:
                 rows += _one_shape(suite, index, shape, rates)
     finally:
         spark.stop()
-        if STREAM in suite.api.stream_names():
-            suite.api.delete_stream(STREAM)
+        _drop_streams(suite)
     _report(suite, rows)
     curve = [shape for shape in SHAPES if suite.args.curve_shape in shape.name]
     if curve:
@@ -151,51 +183,57 @@ def run(suite: Suite) -> None:
 
 def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]) -> list[Row]:
     api, count = suite.api, suite.args.shape_messages
-    if STREAM in api.stream_names():
-        api.delete_stream(STREAM)
+    _drop_streams(suite)
     api.create_stream(shape.config(suite.args.storage))
     payload = os.urandom(SIZE)
-    subjects = [f"ev.k{k}" for k in range(shape.subjects)]
-    published = publish_all(suite.conn, ((subjects[i % shape.subjects], payload, None) for i in range(count)))
+    keys = count if shape.bucket else shape.subjects
+    subjects = [shape.subject(k) for k in range(keys)]
+    published = publish_all(suite.conn, ((subjects[i % keys], payload, None) for i in range(count)))
     if published.count != count:
         raise SystemExit(f"FAILED: published {published.count:,} of {count:,} messages ({shape.name})")
     print(f"  {shape.name}: {count:,} messages published", flush=True)
-    options = {"servers": suite.url, "stream": STREAM}
+    options = shape.options(suite.url)
     timed: dict[str, tuple[float, Cpu, dict[str, float] | None]] = {}
-    for mode, extra in modes(suite.args.min_partitions).items():
+    for mode, extra in (BUCKET_MODES if shape.bucket else modes(suite.args.min_partitions)).items():
         slug = f"shape{index}-{mode.split('=')[0].replace(', ', '-').replace(' ', '-').lower()}"
-        grouped = not mode.startswith(NO_GROUP)
+        grouped = not mode.startswith((NO_GROUP, SUBJECTS)) and not shape.bucket
         timed[f"streaming {mode}"] = _best(
             suite,
             f"{shape.name}: streaming {mode}",
             lambda r, o=extra, g=slug, k=grouped: _streaming(suite, "jetstream", {**options, **o}, f"{g}-{r}", k),
         )
-        if UNORDERED not in mode and grouped:
+        if UNORDERED not in mode and mode != NO_GROUP:  # batch reads take no group: NO_GROUP's is the default's
             timed[f"batch {mode}"] = _best(
                 suite, f"{shape.name}: batch {mode}", lambda r, o=extra: _batch(suite, "jetstream", {**options, **o})
             )
     raw: dict[str, tuple[float, str, Cpu]] = {}
     if shape.direct:
         filters = shape.filters()
-        raw["direct"] = (*_raw(count, lambda: _raw_direct(suite, filters)), f"raw Direct Get ({len(filters)} filters)")
+        raw["direct"] = (
+            *_raw(count, lambda: _raw_direct(suite, shape, filters)),
+            f"raw Direct Get ({len(filters)} filters)",
+        )
         if filters != [">"]:  # a batch read reads '>' in one task here
-            raw["whole"] = (*_raw(count, lambda: _raw_direct(suite, [">"])), "raw Direct Get ('>')")
-        slices = _raw(count, lambda: _raw_direct(suite, [">"] * 2, last=count))
+            raw["whole"] = (*_raw(count, lambda: _raw_direct(suite, shape, [">"])), "raw Direct Get ('>')")
+        slices = _raw(count, lambda: _raw_direct(suite, shape, [">"] * 2, last=count))
         raw["slices"] = (*slices, RAW_WHOLE)
-    members = f"shape{index}-readmode-0-"  # the member consumers of the first readMode=pull streaming read
-    consumers = sorted(c for c in api.consumer_names(STREAM) if c.startswith(members))
-    pulled = _raw(
-        count,
-        lambda: _checked(run_baseline_parallel(suite.conn, suite.address, consumers, count, STREAM), count, "raw pull"),
-    )
-    raw["pull"] = (*pulled, f"raw pull ({len(consumers)} consumers)")
+    if not shape.bucket:  # a bucket is read without a group: no member consumers
+        members = f"shape{index}-readmode-0-"  # the member consumers of the first readMode=pull streaming read
+        consumers = sorted(c for c in api.consumer_names(STREAM) if c.startswith(members))
+        pulled = _raw(
+            count,
+            lambda: _checked(
+                run_baseline_parallel(suite.conn, suite.address, consumers, count, STREAM), count, "raw pull"
+            ),
+        )
+        raw["pull"] = (*pulled, f"raw pull ({len(consumers)} consumers)")
     if not shape.direct:  # minPartitions reads slices through consumers of their own: so does its raw loop
         slices = _raw(count, lambda: _raw_slices(suite, processes(), count))
         raw["slices"] = (*slices, f"raw pull ({processes()} slice consumers)")
     out = [Row(shape.name, what, rate, count / rate, cpu) for rate, cpu, what in raw.values()]
     for what, (seconds, cpu, phases) in timed.items():
         kind, mode = what.split(" ", 1)
-        path = "pull" if mode == "readMode=pull" or not shape.direct else "direct"
+        path = "pull" if (mode == "readMode=pull" and not shape.bucket) or not shape.direct else "direct"
         if (mode.startswith("minPartitions=") or UNORDERED in mode) and "slices" in raw:
             path = "slices"  # cut by seq: '>' with Direct Get (decision 0017), else slice consumers (decision 0021)
         elif path == "direct" and kind == "batch" and "whole" in raw:
@@ -203,6 +241,12 @@ def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]
         reference = min(raw[path][0], ceiling[kind])
         out.append(Row(shape.name, what, count / seconds, seconds, cpu, reference, phases, raw[path][0]))
     return out
+
+
+def _drop_streams(suite: Suite) -> None:
+    """Remove the streams of earlier shapes (a bucket's stream too)."""
+    for name in set(suite.api.stream_names()) & {STREAM, f"KV_{STREAM}"}:
+        suite.api.delete_stream(name)
 
 
 def _raw(count: int, loop: Callable[[], float]) -> tuple[float, Cpu]:
@@ -229,8 +273,8 @@ def _checked(result: tuple[float, int], count: int, what: str) -> float:
     return seconds
 
 
-def _raw_direct(suite: Suite, filters: list[str], last: int | None = None) -> float:
-    seconds, got, _ = run_direct_parallel(suite.address, STREAM, filters, last)
+def _raw_direct(suite: Suite, shape: Shape, filters: list[str], last: int | None = None) -> float:
+    seconds, got, _ = run_direct_parallel(suite.address, shape.stream, filters, last)
     return _checked((seconds, got), suite.args.shape_messages, "the raw Direct Get")
 
 
@@ -329,7 +373,9 @@ def _report(suite: Suite, rows: list[Row]) -> None:
     slower = [  # a streaming read's time over the batch read's of the same shape and mode
         (seconds[(shape, what)] / seconds[(shape, "batch" + what[len("streaming") :])], shape, what)
         for shape, what in seconds
-        if what.startswith("streaming ") and (shape, "batch" + what[len("streaming") :]) in seconds
+        if what.startswith("streaming ")
+        and (shape, "batch" + what[len("streaming") :]) in seconds
+        and shape not in BUCKETS  # a bucket's changes against its latest values: not the same read
     ]
     print("  streaming / batch time: " + ", ".join(f"{s} {w[10:]} {r:.2f}" for r, s, w in slower))
     pulls = [r for r in rows if r.what == "streaming readMode=pull" and r.shape.startswith("8 partitions")]
@@ -373,7 +419,7 @@ def _server_share(suite: Suite, rows: list[Row]) -> None:
         whole = by.get((shape, RAW_WHOLE))
         against = f"{_server_us(row) / _server_us(whole):.2f}x" if whole else "-"
         print(f"  {shape:<31} {what:<40} {_server_us(row):>7.2f} {against:>7}")
-    for shape in dict.fromkeys(row.shape for row in rows):
+    for shape in dict.fromkeys(row.shape for row in rows if row.shape in PARTITIONED):
         filtered = next((row for (s, what), row in by.items() if s == shape and what.endswith(" filters)")), None)
         goals = (
             ("default", by.get((shape, "streaming default")), filtered, SERVER_DEFAULT_TARGET),
@@ -420,8 +466,7 @@ def _curve(suite: Suite, shape: Shape) -> None:
     """The scaling curve of ``shape`` (module doc)."""
     api, count, cores = suite.api, suite.args.shape_messages, os.cpu_count() or 1
     heading(f"shapes, scaling curve: {shape.name}, {count:,} x {SIZE} B, local[N] for N in {core_counts(cores)}")
-    if STREAM in api.stream_names():
-        api.delete_stream(STREAM)
+    _drop_streams(suite)
     api.create_stream(shape.config(suite.args.storage))
     payload = os.urandom(SIZE)
     subjects = [f"ev.k{k}" for k in range(shape.subjects)]
@@ -469,7 +514,7 @@ def _curve_point(
     finally:
         spark.stop()
     if shape.direct:
-        raw = min(_raw_direct(suite, [">"] * n, last=count) for _ in range(ROUNDS))
+        raw = min(_raw_direct(suite, shape, [">"] * n, last=count) for _ in range(ROUNDS))
     else:
         raw = min(_raw_slices(suite, n, count) for _ in range(ROUNDS))
     return streaming, batch, raw, noio[0]
