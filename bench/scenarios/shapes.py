@@ -37,6 +37,7 @@ consumers' slices, ``raw_pull`` on N slice consumers) and the no-I/O batch sourc
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -195,7 +196,7 @@ def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]
     options = shape.options(suite.url)
     timed: dict[str, tuple[float, Cpu, dict[str, float] | None]] = {}
     for mode, extra in (BUCKET_MODES if shape.bucket else modes(suite.args.min_partitions)).items():
-        slug = f"shape{index}-{mode.split('=')[0].replace(', ', '-').replace(' ', '-').lower()}"
+        slug = f"shape{index}-{re.sub(r'[^a-z0-9]+', '-', mode.lower())}"  # a checkpoint and group name per mode
         grouped = not mode.startswith((NO_GROUP, SUBJECTS)) and not shape.bucket
         timed[f"streaming {mode}"] = _best(
             suite,
@@ -218,7 +219,7 @@ def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]
         slices = _raw(count, lambda: _raw_direct(suite, shape, [">"] * 2, last=count))
         raw["slices"] = (*slices, RAW_WHOLE)
     if not shape.bucket:  # a bucket is read without a group: no member consumers
-        members = f"shape{index}-readmode-0-"  # the member consumers of the first readMode=pull streaming read
+        members = f"shape{index}-readmode-pull-0-"  # the member consumers of the first readMode=pull streaming read
         consumers = sorted(c for c in api.consumer_names(STREAM) if c.startswith(members))
         pulled = _raw(
             count,
