@@ -11,6 +11,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.functions import spark_partition_id
 
 from spark_jetstream.client.publish import publish_all
+from spark_jetstream.client.subjects import covers
 from spark_jetstream.errors import GroupConfigError
 from spark_jetstream.groups.admin import change_members, create_group, delete_group, load_group, status
 from spark_jetstream.groups.layout import (
@@ -71,7 +72,18 @@ def test_a_read_is_of_the_whole_stream_when_every_message_comes_through_the_part
     assert reads_whole_stream(own, partition_filters(range(4)))
     assert reads_whole_stream(own, partition_filters(range(4), ["ev.*"]))
     assert not reads_whole_stream(own, partition_filters(range(3)))
+    assert reads_whole_stream(own, partition_filters(range(4), ["ev.>"]))  # takes all of each <p>.ev.*
+    assert not reads_whole_stream(own, partition_filters(range(4), ["*"]))  # one token: none of <p>.ev.<token>
+    assert not reads_whole_stream(own, partition_filters(range(4), ["ev.k1"]))
     assert not reads_whole_stream({**own, "subjects": ["ev.*", "other"]}, partition_filters(range(4)))
+    plain = {"name": "P", "subjects": ["ev.>"]}  # its subjects may have been edited since older messages came
+    assert reads_whole_stream(plain, [">"]) and not reads_whole_stream(plain, ["ev.>"])
+    assert [covers(">", "a.*"), covers("a.>", "a.b.*"), covers("a.*", "a.>"), covers("a.*.c", "a.b.c")] == [
+        True, True, False, True
+    ]  # fmt: skip
+    assert [covers("a.*", "a"), covers("a.>", "a"), covers("a.b", "a.*"), covers("*.>", "x.>")] == [
+        False, False, False, True
+    ]  # fmt: skip
     filters = (PartitioningFilter("orders.*", (1,)), PartitioningFilter("refunds.>"))
     config = GroupConfig("elastic", 4, members=("m1", "m2"), partitioning_filters=filters)
     work = config.work_stream_config({"name": "S"}, "g")

@@ -1,4 +1,4 @@
-"""NATS subject filters: their form, and whether two of them can match the same subject.
+"""NATS subject filters: their form, whether two of them can match the same subject, whether one takes all of another.
 
 Pure rules, no I/O: a filter is dot-separated tokens, ``*`` matching one token and a final ``>`` one or more.
 """
@@ -32,6 +32,17 @@ def collide(first: str, second: str) -> bool:
         if x == ">" or y == ">":
             return True
         if x != y and "*" not in (x, y):
+            return False
+    return len(a) == len(b)
+
+
+def covers(outer: str, inner: str) -> bool:
+    """Whether every subject that matches ``inner`` matches ``outer`` too."""
+    a, b = outer.split("."), inner.split(".")
+    for index, token in enumerate(a):
+        if token == ">":
+            return index < len(b)
+        if index >= len(b) or b[index] == ">" or token not in ("*", b[index]):
             return False
     return len(a) == len(b)
 
