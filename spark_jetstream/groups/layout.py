@@ -375,8 +375,9 @@ _WILDCARD = re.compile(r"\{\{\s*wildcard\s*\(\s*\d+\s*\)\s*\}\}", re.IGNORECASE)
 def stored_patterns(stream_config: dict[str, Any]) -> list[str] | None:
     """``<p>.<pattern>`` for each of N partitions when every message the stream stores comes through a transform to
     ``{{partition(N,...)}}.<pattern>``: the stream's own, which all its subjects go through, or those of each of its
-    sources (an elastic group's work stream, whose source takes only what they match); else None. A stream without a
-    transform gets None too: its subjects may have been edited since older messages were stored."""
+    sources (an elastic group's work stream, whose source takes only what they match), ``<pattern>`` ``>`` where the
+    rest is not a filter's; else None. A stream without a transform gets None too: its subjects may have been edited
+    since older messages were stored."""
     own = stream_config.get("subject_transform")
     subjects = stream_config.get("subjects") or []
     sources = stream_config.get("sources") or []
@@ -396,7 +397,7 @@ def stored_patterns(stream_config: dict[str, Any]) -> list[str] | None:
             return None
         pattern = _WILDCARD.sub("*", dest[match.end() :])
         if any("{" in token or ("*" in token and token != "*") for token in pattern.split(".")):
-            return None  # another transform function, or a wildcard inside a token: not a filter's pattern
+            pattern = ">"  # another transform function, or a wildcard inside a token: only the partition token is known
         counts.add(int(match.group(1)))
         stored.append(pattern)
     return [f"{p}.{pattern}" for p in range(counts.pop()) for pattern in stored] if len(counts) == 1 else None
