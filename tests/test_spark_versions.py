@@ -33,6 +33,8 @@ from helpers import (
     venv,
 )
 
+from spark_jetstream.client.protocol import NO_EXTENSIONS
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).parent.parent
@@ -104,7 +106,8 @@ def older_pyspark_env(python: Path, version: str) -> tuple[dict[str, str], Calla
         if archive is not None and partial is not None and partial.exists():
             partial.replace(archive)
 
-    return {**os.environ, "SPARK_HOME": str(home), "PYSPARK_PYTHON": str(python), "JAVA_TOOL_OPTIONS": options}, keep
+    env = {key: value for key, value in os.environ.items() if key != NO_EXTENSIONS}  # the parser a user's install has
+    return {**env, "SPARK_HOME": str(home), "PYSPARK_PYTHON": str(python), "JAVA_TOOL_OPTIONS": options}, keep
 
 
 @pytest.mark.parametrize(("version", "minor", "install"), OLDER_PYSPARKS, ids=lambda value: value)
