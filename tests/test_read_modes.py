@@ -195,24 +195,31 @@ WIDE = 4800
 """Seqs in each micro-batch of the ``preservePartitionOrder`` test: more than ``ONE_TASK_MESSAGES``, 4 slices."""
 
 
+@pytest.mark.parametrize("read_mode", ["auto", "pull"])
 def test_without_partition_order_each_micro_batch_is_read_as_seq_slices_of_the_whole_stream(
-    spark, nats_server, api, make_stream, tmp_path
+    spark, nats_server, api, make_stream, tmp_path, read_mode
 ):
     """``preservePartitionOrder=false`` on a 4-partition stream read through its group: every batch of 4,800 seqs
     (more than one task's 4,096) is read by 4 tasks (as many as members), each a contiguous slice of 1,200 seqs
     holding every message in it (all partitions', through one unfiltered read); the batch whose driver was SIGKILLed
     before its commit is cut alike when the restarted query replays it; the output is exact and every member
-    consumer's ack floor is the checkpoint's end."""
+    consumer's ack floor is the checkpoint's end. With ``readMode=pull`` the slices are read through consumers of the
+    tasks' own (decision 0041): the member consumers keep the pins and floors, deliver nothing, and none of the
+    tasks' consumers is left."""
     stream = make_stream(3 * WIDE, partitions=4)
     splits, checkpoint = tmp_path / "splits", tmp_path / "cp"
     args = [sys.executable, str(SPLITS_JOB), "--servers", nats_server.url, "--stream", stream.name,
             "--group", stream.group, "--out", str(tmp_path / "out"), "--checkpoint", str(checkpoint),
-            "--splits", str(splits), "--unordered", "--max-per-trigger", str(WIDE)]  # fmt: skip
+            "--splits", str(splits), "--unordered", "--max-per-trigger", str(WIDE),
+            "--read-mode", read_mode]  # fmt: skip
     _cut_alike_after_a_kill(spark, args, splits, checkpoint, WIDE, 4)  # each slice every message: unfiltered
     out = spark.read.parquet(str(tmp_path / "out"))
     rows = sorted((r.seq, r.subject, bytes(r.data)) for r in out.collect())
     assert rows == [(seq, subject, data) for seq, (subject, data, _, _) in sorted(stream.messages.items())]
     assert ack_floors(api, stream) == {stream.consumer(p): 3 * WIDE for p in range(4)}
+    assert api.consumer_names(stream.name) == sorted(stream.consumer(p) for p in range(4))
+    delivered = [api.consumer_info(stream.name, stream.consumer(p))["delivered"]["consumer_seq"] for p in range(4)]
+    assert max(delivered) <= 1  # the members delivered nothing but the pin's taking delivery, reset to the floor
 
 
 def test_without_partition_order_a_read_of_part_of_the_stream_is_refused_where_spark_shows_it(

@@ -2,9 +2,9 @@
 test can SIGKILL it inside a batch and check that the replay is split alike.
 
 python tests/jobs/record_splits.py --servers URL --stream S --group G --out DIR --checkpoint DIR --splits DIR
-    [--min-partitions N] [--unordered] [--max-per-trigger N] [--hang-on-batch ID] [--available-now]
+    [--min-partitions N] [--unordered] [--read-mode M] [--max-per-trigger N] [--hang-on-batch ID] [--available-now]
 
-``--unordered`` reads with ``preservePartitionOrder=false``.
+``--unordered`` reads with ``preservePartitionOrder=false``, ``--read-mode`` sets ``readMode`` (default ``auto``).
 
 Each batch writes ``<splits>/<batch id>-<random>.json`` ({task: [first seq, last seq, rows]}) and its rows to
 ``<out>/batch=<batch id>`` (overwritten by a replay: an idempotent sink keyed by batch id). With
@@ -34,6 +34,7 @@ def main(spark: SparkSession, argv: list[str] | None = None) -> None:
     parser.add_argument("--hang-on-batch", type=int)
     parser.add_argument("--available-now", action="store_true")
     parser.add_argument("--unordered", action="store_true")
+    parser.add_argument("--read-mode", default="auto")
     args = parser.parse_args(argv)
     splits = Path(args.splits)
     splits.mkdir(parents=True, exist_ok=True)
@@ -44,6 +45,7 @@ def main(spark: SparkSession, argv: list[str] | None = None) -> None:
         .option("stream", args.stream)
         .option("group", args.group)
         .option("maxMessagesPerTrigger", args.max_per_trigger)
+        .option("readMode", args.read_mode)
         .options(**({"minPartitions": str(args.min_partitions)} if args.min_partitions else {}))
         .options(**({"preservePartitionOrder": "false"} if args.unordered else {}))
         .load()
