@@ -112,8 +112,9 @@ NO_GROUP = "no group"
 """Streaming reads without the group option (the checkpoint alone holds the position); batch reads take no group
 anyway."""
 SUBJECTS = "subjects=ev.*"
-"""A read with a subject filter (without a group, which reads what its members read) that every message matches:
-``<p>.ev.*`` for each partition, or ``ev.*`` on a stream without a transform, as a filter of part of it is read."""
+"""A read with a subject filter that every message matches, without a group (a group reads what its members read):
+``<p>.ev.*`` for each partition, the transform's whole pattern; on a stream without a transform (``ev.>``) ``ev.*``,
+read as a filter of part of the stream is."""
 RAW_WHOLE = "raw Direct Get ('>', 2 slices)"
 """The server's cheapest read of a shape's messages: what every read's server CPU per message is held against."""
 SERVER_UNORDERED_TARGET = 1.3
@@ -184,15 +185,7 @@ def run(suite: Suite) -> None:
 
 def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]) -> list[Row]:
     api, count = suite.api, suite.args.shape_messages
-    _drop_streams(suite)
-    api.create_stream(shape.config(suite.args.storage))
-    payload = os.urandom(SIZE)
-    keys = count if shape.bucket else shape.subjects
-    subjects = [shape.subject(k) for k in range(keys)]
-    published = publish_all(suite.conn, ((subjects[i % keys], payload, None) for i in range(count)))
-    if published.count != count:
-        raise SystemExit(f"FAILED: published {published.count:,} of {count:,} messages ({shape.name})")
-    print(f"  {shape.name}: {count:,} messages published", flush=True)
+    _fill(suite, shape)
     options = shape.options(suite.url)
     timed: dict[str, tuple[float, Cpu, dict[str, float] | None]] = {}
     for mode, extra in (BUCKET_MODES if shape.bucket else modes(suite.args.min_partitions)).items():
@@ -244,9 +237,23 @@ def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]
     return out
 
 
+def _fill(suite: Suite, shape: Shape) -> None:
+    """A fresh stream of ``shape`` holding ``--shape-messages`` messages over its subjects (a bucket: a key each)."""
+    count = suite.args.shape_messages
+    _drop_streams(suite)
+    suite.api.create_stream(shape.config(suite.args.storage))
+    payload = os.urandom(SIZE)
+    keys = count if shape.bucket else shape.subjects
+    subjects = [shape.subject(k) for k in range(keys)]
+    published = publish_all(suite.conn, ((subjects[i % keys], payload, None) for i in range(count)))
+    if published.count != count:
+        raise SystemExit(f"FAILED: published {published.count:,} of {count:,} messages ({shape.name})")
+    print(f"  {shape.name}: {count:,} messages published", flush=True)
+
+
 def _drop_streams(suite: Suite) -> None:
     """Remove the streams of earlier shapes (a bucket's stream too)."""
-    for name in set(suite.api.stream_names()) & {STREAM, f"KV_{STREAM}"}:
+    for name in set(suite.api.stream_names()) & {shape.stream for shape in SHAPES}:
         suite.api.delete_stream(name)
 
 
@@ -465,22 +472,17 @@ def _cores(n: int):
 
 def _curve(suite: Suite, shape: Shape) -> None:
     """The scaling curve of ``shape`` (module doc)."""
-    api, count, cores = suite.api, suite.args.shape_messages, os.cpu_count() or 1
+    count, cores = suite.args.shape_messages, os.cpu_count() or 1
     heading(f"shapes, scaling curve: {shape.name}, {count:,} x {SIZE} B, local[N] for N in {core_counts(cores)}")
-    _drop_streams(suite)
-    api.create_stream(shape.config(suite.args.storage))
-    payload = os.urandom(SIZE)
-    subjects = [f"ev.k{k}" for k in range(shape.subjects)]
-    publish_all(suite.conn, ((subjects[i % shape.subjects], payload, None) for i in range(count)))
-    options = {"servers": suite.url, "stream": STREAM}
+    _fill(suite, shape)
+    options = shape.options(suite.url)
     table = []
     try:
         for n in core_counts(cores):
             with _cores(n):
                 table.append((n, *_curve_point(suite, shape, n, options)))
     finally:
-        if STREAM in api.stream_names():
-            api.delete_stream(STREAM)
+        _drop_streams(suite)
     path = "raw Direct Get ('>', N slices)" if shape.direct else "raw pull (N slice consumers)"
     print(f"  scaling curve, {shape.name}; raw: {path}, N processes; load {os.getloadavg()[0]:.2f}")
     header = ("N", "streaming rows/s", "batch rows/s", "raw rows/s", "no-I/O batch", "stream/raw", "batch/raw", "cores")
