@@ -17,7 +17,7 @@ from spark_jetstream.options import LOAD, parse_options
 from spark_jetstream.read.row_schema import spark_schema_ddl
 from spark_jetstream.spark_compat import STREAM_READER_BASES, DataSource, InputPartition, read_limit
 from spark_jetstream.streaming.config import SourceConfig
-from spark_jetstream.streaming.offsets import Watermark
+from spark_jetstream.streaming.offsets import INITIAL, BatchEnd, Watermark
 from spark_jetstream.streaming.planning import Limits
 
 if TYPE_CHECKING:
@@ -91,8 +91,7 @@ class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
     PySpark 4.0 and 4.1 call ``latestOffset()`` without the batch start and a read limit: the
     reader then starts from the last offset Spark showed it (the end of the last ``partitions``
     call; on a restart Spark calls ``partitions(latest, latest)`` first) or, in a new query, from
-    its initial offset (Spark asks for it after the first ``latestOffset``), and applies the
-    configured limits itself.
+    its initial offset, and applies the configured limits itself.
     """
 
     def __init__(self, config: SourceConfig | None, refused: JetStreamError | None = None) -> None:
@@ -123,9 +122,10 @@ class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
         return self.coordinator.position(offset)
 
     def initialOffset(self) -> dict[str, Any]:
-        if self._position is None:  # worked out once: PySpark < 4.2 also starts latestOffset from it
-            self._position = self.coordinator.initial().to_offset()
-        return self._position
+        """``INITIAL``, the same in every run: where a new query starts is worked out at its first ``latestOffset`` and
+        recorded in batch 0's end offset, which Spark logs (it never logs a start), so that a restart in batch 0 replays
+        it from there (decision 0042)."""
+        return Watermark(self.coordinator.stream, INITIAL).to_offset()
 
     def getDefaultReadLimit(self) -> Any:
         config = self.config
@@ -146,7 +146,9 @@ class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
         if start is None:  # PySpark < 4.2
             start = self._position or self.initialOffset()
-        return self.coordinator.latest(self._watermark(start), self._limits(limit)).to_offset()
+        mark = self._watermark(start)
+        end = self.coordinator.latest(mark, self._limits(limit))
+        return start if end.seq == mark.seq else end.to_offset()  # the start itself: no batch now
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         return self.coordinator.watermark(self.coordinator.state().last_seq).to_offset()
@@ -156,17 +158,21 @@ class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         self._position = end
-        return [InputPartition(r) for r in self.coordinator.plan(self._watermark(start), self._watermark(end))]
+        planned = BatchEnd.from_offset(end, self._watermark(end))
+        return [InputPartition(r) for r in self.coordinator.plan(self._watermark(start), planned)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """A ``SeqRange`` is read with Direct Get or through an ephemeral consumer, as its ``read_mode`` says (a
-        ``SmallBatch``'s ranges one after the other); a ``MemberRange`` is pulled from its member consumer."""
+        ``SmallBatch``'s ranges one after the other); a ``MemberRange`` is pulled from its member consumer. Messages of
+        the task's ranges that retention or a purge removed since the batch was planned are data loss, seen here."""
         from spark_jetstream.client.connection import connect
         from spark_jetstream.read.ranges import SeqRange, SmallBatch
+        from spark_jetstream.read.start import check_removed
         from spark_jetstream.read.tasks import read_ranges
 
         conn = connect(self.config.connection)
         value = partition.value
+        check_removed(conn, value, self.config.fail_on_data_loss)
         if isinstance(value, SeqRange | SmallBatch):
             yield from read_ranges(conn, value)
         else:

@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from spark_jetstream.client import messages
+from spark_jetstream.client.connection import Connection
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import DataLossError, GroupConfigError
-from spark_jetstream.groups.layout import (
-    GroupLayout,
-)
+from spark_jetstream.groups.layout import GroupLayout
+from spark_jetstream.read.ranges import MemberRange, SeqRange, SmallBatch
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,38 @@ def check_data_loss(stream: str, start: int, first_seq: int, last_seq: int, fail
             "limits."
         )
     return first_seq - 1
+
+
+REMOVED_CHECK_WAIT = 0.5
+"""Seconds a task waits for its stream's first seq before it reads without the check: stream info needs the stream's
+leader, whose election takes seconds, while the replicas serve the read meanwhile (decision 0020)."""
+
+
+def check_removed(conn: Connection, task: SeqRange | SmallBatch | MemberRange, fail: bool) -> None:
+    """Data loss seen where it happens: messages of ``task``'s ranges that retention or a purge removed after the batch
+    was planned (the plan checked the stream then) and before this task reads them, found by ``check_data_loss``'s
+    rule from the stream's first seq now. Raises with ``failOnDataLoss`` (``fail``), else says in the task's log what
+    it skips. A bucket's ranges are left out: its removed revisions are compaction (decision 0023)."""
+    ranges = task.ranges if isinstance(task, SmallBatch) else (task,)
+    if not ranges or any(isinstance(r, SeqRange) and r.kv is not None for r in ranges):
+        return
+    stream = ranges[0].stream
+    try:
+        info = conn.run(JetStreamApi(conn).stream_info_async(stream), timeout=REMOVED_CHECK_WAIT)
+    except TimeoutError:
+        log.info("Stream %r did not answer within %gs: this task reads without its check", stream, REMOVED_CHECK_WAIT)
+        return
+    first, last = info["state"]["first_seq"], info["state"]["last_seq"]
+    removed = [(r.start + 1, min(first - 1, r.end)) for r in ranges if first - 1 > r.start and last > r.start]
+    if not removed:
+        return
+    what = (
+        f"Messages seqs {min(low for low, _ in removed)}..{max(high for _, high in removed)} of stream {stream!r} were "
+        "removed (retention limits or a purge) after their micro-batch was planned, before its task read them"
+    )
+    if fail:
+        raise DataLossError(f"{what}: set failOnDataLoss=false to skip them, or raise the stream's limits.")
+    log.warning("%s: skipping them (failOnDataLoss=false)", what)
 
 
 def warn_skipped(stream: str, start: int, after: int) -> None:

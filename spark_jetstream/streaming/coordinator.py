@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from spark_jetstream.client.connection import Connection, connect
@@ -23,15 +23,16 @@ from spark_jetstream.groups.layout import reads_whole_stream
 from spark_jetstream.read.consumer import check_consumer_reads
 from spark_jetstream.read.direct import first_seqs, split, spread
 from spark_jetstream.read.kv import KvView, table_view
-from spark_jetstream.read.kv_latest import latest_ranges
+from spark_jetstream.read.kv_latest import LAST_PER_KEY
 from spark_jetstream.read.mode import DIRECT, PULL, choose_read_mode
 from spark_jetstream.read.ranges import MemberRange, SeqRange, SmallBatch
 from spark_jetstream.read.scope import ReadScope, group_scope, stream_scope
 from spark_jetstream.read.start import check_data_loss, start_after, warn_skipped
 from spark_jetstream.streaming.config import SourceConfig
+from spark_jetstream.streaming.cuts import Cut
 from spark_jetstream.streaming.faults import fault_point
 from spark_jetstream.streaming.held_group import HeldGroup
-from spark_jetstream.streaming.offsets import Watermark
+from spark_jetstream.streaming.offsets import BatchEnd, Watermark
 from spark_jetstream.streaming.planning import Limits, batch_end
 
 log = logging.getLogger(__name__)
@@ -79,9 +80,10 @@ class Coordinator:
         self._state_at = 0.0
         self._unanswered: tuple[float, float] | None = None  # stream info unanswered since, and last given up at
         self._available_now_cap: int | None = None
-        self._last_batch_at = time.monotonic()
+        self._last_batch_at = float("-inf")  # minMessagesPerTrigger: the run's first trigger has waited
         self._skipped_to = 0  # the last seq of the removed messages the log said were skipped
         self._recreated: set[str] = set()  # creation times of streams deleted since, that the log said were left
+        self._initial: int | None = None  # where this new query starts, once worked out (``_begin``)
         self.scope: ReadScope | None = None  # a read without a group: fixed for the run
         if config.group is not None:
             self.conn.require(GROUPS, ", or read without the group option (the checkpoint alone holds the position)")
@@ -194,7 +196,7 @@ class Coordinator:
         return self.watermark(0)
 
     def initial(self) -> Watermark:
-        """Where a new query starts (no checkpoint yet)."""
+        """Where a new query starts (no checkpoint yet), by ``startingPosition`` or ``startingTimestamp``."""
         fault_point("initial")  # a new query, nothing in its checkpoint yet
         if self.snapshot:
             return self.watermark(0)  # the first batch, (0, last], is the bucket's latest values
@@ -212,31 +214,49 @@ class Coordinator:
             )
         )
 
+    def _begin(self, start: Watermark, end: BatchEnd | None = None) -> int:
+        """The seq after which the batch from ``start`` begins: ``start``'s, or for a new query's ``INITIAL`` offset
+        the start batch 0's end recorded, else where the query starts (worked out once per run: ``latestOffset`` may be
+        asked twice for one batch)."""
+        if not start.initial:
+            return start.seq
+        if end is not None and end.start is not None:
+            return end.start
+        if self._initial is None:
+            self._initial = self.initial().seq
+        return self._initial
+
     def prepare_available_now(self) -> None:
         self._available_now_cap = self.state(fresh=True).last_seq
 
-    def latest(self, start: Watermark, limits: Limits) -> Watermark:
-        """The end of the next batch after ``start`` (``start`` itself: no batch now)."""
-        if start.seq > 0:
+    def latest(self, start: Watermark, limits: Limits) -> BatchEnd:
+        """The end of the next batch after ``start`` (``start`` itself: no batch now), with the batch's cut and, for
+        batch 0 (``start`` is ``INITIAL``), where it begins: a replay needs both and can derive neither."""
+        begin = self._begin(start)
+        if begin > 0 and not start.initial:
             fault_point("latest")  # the sink committed the last batch; the source has not acked it yet
         # `start` is in the commit log: the catch-up on an idle stream. At the end of an availableNow run (Spark asks
         # once more after its last batch, then stops the process) every floor is waited for: none lags behind.
-        self._acknowledge(start, settle=self._available_now_cap is not None and start.seq >= self._available_now_cap)
+        capped = self._available_now_cap is not None
+        self._acknowledge(self.watermark(begin), settle=capped and begin >= (self._available_now_cap or 0))
         state = self.state()
-        after = self._after_data_loss(start, state)
+        after = self._after_data_loss(self.watermark(begin), state)
+        # minMessagesPerTrigger waits at most maxTriggerDelay from the last batch or the run's first trigger (as Kafka's
+        # source: so the one batch of an availableNow run on PySpark < 4.2 reads what is there); an availableNow run
+        # reads everything there was, the tail below the minimum too (PySpark leaves that to the source).
         now = time.monotonic()
-        limits = Limits(
-            limits.max_rows,
-            limits.max_bytes,
-            limits.min_rows,
-            min_rows_waited_out=now - self._last_batch_at >= self.config.max_trigger_delay,
-        )
-        end = batch_end(after, state.last_seq, limits, state.average_size, self._available_now_cap)
-        if self.snapshot and start.seq == 0:
-            end = state.last_seq  # the latest values are one batch, whatever the limits: a batch is a point in time
-        if end > start.seq:
+        waited = capped or now - self._last_batch_at >= self.config.max_trigger_delay
+        if waited:
             self._last_batch_at = now
-        return self.watermark(end)
+        limits = Limits(limits.max_rows, limits.max_bytes, limits.min_rows, min_rows_waited_out=waited)
+        end = batch_end(after, state.last_seq, limits, state.average_size, self._available_now_cap)
+        if self.snapshot and begin == 0:
+            end = state.last_seq  # the latest values are one batch, whatever the limits: a batch is a point in time
+        if end <= start.seq:
+            return BatchEnd(start)
+        self._last_batch_at = now
+        cut = self._cut(begin, end, after).to_json(begin, end) if end > begin else None
+        return BatchEnd(self.watermark(end), cut, begin if start.initial else None, state.last_seq)
 
     @property
     def snapshot(self) -> bool:
@@ -254,32 +274,75 @@ class Coordinator:
             self._skipped_to = after
         return after
 
-    def plan(self, start: Watermark, end: Watermark) -> list[SeqRange] | list[SmallBatch] | list[MemberRange]:
-        """The batch ``(start, end]``'s reads: a range per filter subject of the read's scope with messages in it
-        (Direct Get, or an ephemeral consumer per range; a batch cut by seq, small or with ``minPartitions``, of a
-        stream that is all the read's reads ``>``), or with a group that pulls, one per member.
+    def _cut(self, begin: int, end: int, after: int | None = None) -> Cut:
+        """How the batch ``(begin, end]`` is cut into Spark partitions (``streaming.cuts``): a range per filter of the
+        read's scope with messages in it (a small batch one task, ``minPartitions`` slices, a batch cut by seq of a
+        stream that is all the read's ``>``), or with a group that pulls, one task per member. ``after``: no message is
+        left up to it (removed, ``failOnDataLoss=false``)."""
+        group = self.group
+        members = None
+        if group is not None:
+            layout = group.next_layout()
+            members = layout.members
+            if self.pulls_members:
+                return Cut(pull=True, members=members)
+            filters = list(group_scope(layout).filters)
+        else:
+            assert self.scope is not None
+            filters = list(self.scope.filters)
+        self._check_unordered(filters)  # a group's members may have changed
+        config, state = self.config, self.state()
+        width = end - begin
+        small = width <= ONE_TASK_MESSAGES and width * state.average_size <= config.pull.record_batch_bytes
+        # No task per partition: order is by seq, and a read of the whole stream is one unfiltered range.
+        cut_by_seq = config.min_partitions is not None or small or not config.preserve_order
+        read = [">"] if cut_by_seq and reads_whole_stream(self._stream_config, filters) else filters
+        # Which filters have messages (no empty task). One filter's range is the task whether or not it has any: the
+        # cut of a batch read as one range (small, or of a stream that is all the read's) asks the server nothing.
+        low = begin if after is None else after
+        firsts = [low + 1] if len(read) == 1 else first_seqs(self.conn, self.stream, read, begin, end, not self.direct)
+        template = SeqRange(stream=self.stream, filter="", start=begin, end=end, partitioned=True)
+        ranges = split(template, firsts, read, width)
+        kv = self._kv_view(begin, end)
+        if kv is not None and kv.per_key:  # a snapshot through a last_per_subject consumer per key filter, uncut
+            return Cut.of(ranges, members)
+        if config.min_partitions is not None:
+            return Cut.of(spread(ranges, config.min_partitions), members)
+        if small:
+            return Cut.of([SmallBatch(tuple(ranges))] if ranges else [], members)
+        return Cut.of(ranges if config.preserve_order else spread(ranges, len(filters)), members)
+
+    def plan(self, start: Watermark, end: BatchEnd | Watermark) -> list[SeqRange | SmallBatch] | list[MemberRange]:
+        """The batch ``(start, end]``'s reads, cut as its end offset says (an end without a cut, written before
+        offsets carried one, is cut as ``latest`` would cut it now).
 
         ``start`` is committed (Spark plans batch N after committing N-1), except in the empty
         range ``partitions(latest, latest)`` that Spark sends on a restart, whose end may belong to
         a batch that never finished: that call moves nothing.
         """
-        if end.seq <= start.seq:
+        if isinstance(end, Watermark):
+            end = BatchEnd(end)
+        begin = self._begin(start, end)
+        if end.seq <= begin:
             return []
+        cut = self._cut(begin, end.seq) if end.cut is None else Cut.from_json(end.cut, begin, end.seq)
+        self._check_replayable(cut, begin, end.seq)
         group = self.group
-        scope = group.before_batch(start.seq, self.state().retention, self.stream) if group else self.scope
-        assert scope is not None
+        if group is not None:
+            assert cut.members is not None
+            group.before_batch(begin, self.state().retention, cut.members)
         state = self.state(fresh=True)
-        self._after_data_loss(start, state)
+        self._after_data_loss(self.watermark(begin), state)
         fault_point("plan")  # the batch is in the offset log; no task has read it
-        if group is not None and self.pulls_members:
-            return group.member_ranges(start.seq, end.seq)
+        if group is not None and cut.pull:
+            return group.member_ranges(begin, end.seq)
         config = self.config
         template = SeqRange(
             stream=self.stream,
             filter="",
-            start=start.seq,
+            start=begin,
             end=end.seq,
-            partitioned=scope.partitioned,
+            partitioned=self.partitioned,
             include_headers=config.include_headers,
             direct_batch=config.direct_batch,
             direct_max_bytes=config.direct_max_bytes,
@@ -288,27 +351,45 @@ class Coordinator:
             read_mode=DIRECT if self.direct else PULL,
             pull_batch=config.pull.batch,
             pull_max_bytes=config.pull.max_bytes,
-            kv=self._kv_view(start, end),
+            kv=self._kv_view(begin, end.seq),
         )
-        filters = list(scope.filters)
-        self._check_unordered(filters)  # a group's members may have changed
-        width = end.seq - start.seq
-        small = width <= ONE_TASK_MESSAGES and width * state.average_size <= template.record_batch_bytes
-        # No task per partition: order is by seq, and a read of the whole stream is one unfiltered range.
-        cut_by_seq = config.min_partitions is not None or small or not config.preserve_order
-        if cut_by_seq and reads_whole_stream(self._stream_config, filters):
-            filters = [">"]
-        firsts = first_seqs(self.conn, self.stream, filters, start.seq, end.seq, leader=not self.direct)
+        if template.kv is not None and template.kv.per_key:
+            template = replace(template, read_mode=LAST_PER_KEY)  # a snapshot through a consumer per key filter
         if group is not None:
             group.settle()
-        if template.kv is not None and template.kv.per_key:
-            return latest_ranges(template, firsts, filters)  # a snapshot through a consumer per key filter
-        ranges = split(template, firsts, filters, width)
-        if config.min_partitions is not None:
-            return spread(ranges, config.min_partitions)
-        if small:
-            return [SmallBatch(tuple(ranges))] if len(ranges) > 1 else ranges
-        return ranges if config.preserve_order else spread(ranges, len(scope.filters))  # as many tasks as filters
+        tasks = [
+            tuple(replace(template, filter=f, start=low, end=high) for f, low, high in ranges) for ranges in cut.tasks
+        ]
+        return [task[0] if len(task) == 1 else SmallBatch(task) for task in tasks]
+
+    @property
+    def partitioned(self) -> bool:
+        """Whether the read stream's subjects carry a partition token (the rows' ``partition`` column)."""
+        if self.group is not None:
+            return self.group.layout.partitioned
+        assert self.scope is not None
+        return self.scope.partitioned
+
+    def _check_replayable(self, cut: Cut, begin: int, end: int) -> None:
+        """Refuse a batch whose cut this run cannot carry out, saying why: it was planned to be pulled from the group's
+        member consumers and this run reads ranges, or planned with Direct Get and this run could only read its ranges
+        through consumers of its own on a WorkQueue stream. Cutting it another way would hand the sink other rows per
+        Spark partition (decision 0042)."""
+        what = f"The batch ({begin}, {end}] of stream {self.stream!r}, planned before the query stopped,"
+        if cut.pull and not self.pulls_members:
+            how = "with Direct Get" if self.direct else "by seq ranges through consumers of its own"
+            raise OptionError(
+                f"{what} was cut into a task per member of group {self.config.group!r}, pulled from the member "
+                f"consumers, but this run reads {how} (readMode, minPartitions or preservePartitionOrder changed, or "
+                "readMode=auto now finds Direct Get): its replay must be cut as planned. Restart with readMode=pull, "
+                "without minPartitions and with preservePartitionOrder=true until that batch is committed."
+            )
+        if not cut.pull and not self.direct and self._stream_config.get("retention") == "workqueue":
+            raise OptionError(
+                f"{what} was cut to be read with Direct Get, which this run cannot use, and a WorkQueue stream cannot "
+                f"be read through consumers of the read's own: allow Direct Get again (`nats stream edit {self.stream} "
+                "--allow-direct`, and readMode=auto or direct) until that batch is committed."
+            )
 
     def _check_unordered(self, filters: tuple[str, ...] | list[str]) -> None:
         """``preservePartitionOrder=false`` reads a batch as seq ranges of one filter: refuse a read of several
@@ -323,14 +404,14 @@ class Coordinator:
             "goes through."
         )
 
-    def _kv_view(self, start: Watermark, end: Watermark) -> KvView | None:
+    def _kv_view(self, begin: int, end: int) -> KvView | None:
         """A bucket's batch: every change, or with ``snapshot`` the batch from seq 0 as the latest values up to its
         end."""
         bucket = self.config.bucket
         if bucket is None:
             return None
-        if self.snapshot and start.seq == 0:
-            return table_view(self.conn, bucket, self._stream_config, end.seq)
+        if self.snapshot and begin == 0:
+            return table_view(self.conn, bucket, self._stream_config, end)
         return KvView(bucket)
 
     def commit(self, end: Watermark) -> None:

@@ -13,14 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import GroupConfigError
-from spark_jetstream.groups.layout import GroupLayout
+from spark_jetstream.groups.layout import GroupLayout, Member
 from spark_jetstream.groups.resolve import find_group_async, layout_of, resolve_layout
 from spark_jetstream.read.ranges import MemberRange
-from spark_jetstream.read.scope import ReadScope, group_scope
 from spark_jetstream.streaming.config import SourceConfig
 from spark_jetstream.streaming.member_consumers import MemberConsumers, check_ack_policy
 from spark_jetstream.streaming.ownership import GroupClaim, describe_this_process
@@ -102,15 +102,22 @@ class HeldGroup:
         if self.pins is not None:
             self.pins.start()  # the floors are set: a pin's taking delivery can be reset to them
 
-    def before_batch(self, start: int, retention: str, stream: str) -> ReadScope:
-        """What the next batch reads after ``start`` (committed): a membership change takes effect here, the floors
-        move to ``start`` and, when the query pulls, the member consumers are checked for other clients."""
+    def next_layout(self) -> GroupLayout:
+        """The layout the next batch is planned with (``_layout_now``), recorded in its cut (``streaming.cuts``)."""
         layout = self._layout_now()
-        if layout.stream != stream:
+        if layout.stream != self.stream:
             raise GroupConfigError(
                 f"Group {self.name!r} now reads stream {layout.stream!r} ({layout.kind}) instead of "
-                f"{stream!r}: the checkpoint's offsets belong to the old stream. Start with a new checkpoint."
+                f"{self.stream!r}: the checkpoint's offsets belong to the old stream. Start with a new checkpoint."
             )
+        return layout
+
+    def before_batch(self, start: int, retention: str, members: tuple[Member, ...]) -> None:
+        """The batch after ``start`` (committed), planned with ``members`` (its cut's layout), is read next: a
+        membership change takes effect here, the floors move to ``start`` and, when the query pulls, the member
+        consumers are checked for other clients. A replay takes the layout its batch was planned with, whatever the
+        group's config says by then (decision 0042); the next batch takes the config's."""
+        layout = replace(self.layout, members=members)
         changed = layout != self.layout
         if changed and self.members.acked_through is not None:  # membership changes take effect at a batch boundary
             self.members.change_layout(layout, retention)
@@ -119,7 +126,6 @@ class HeldGroup:
         self.acknowledge(start, retention, remade=changed)
         if self.pins is None:  # the pin keeper checks the member consumers every second and before floors move
             self.members.check_unchanged()
-        return group_scope(self.layout)
 
     def settle(self) -> None:
         """Before a Direct Get batch goes to Spark: a pin's taking delivery reset away (``PinKeeper.settle``)."""

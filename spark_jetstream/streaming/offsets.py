@@ -1,8 +1,13 @@
-"""The source's offset: one stream-wide watermark sequence.
+"""The source's offsets: one stream-wide watermark sequence, and what a batch's end carries for its replay.
 
-``{"seq": W, "stream": name}`` means every message of the group with ``seq <= W`` belongs to a
-batch planned at or before this offset. Spark compares offsets as JSON strings and PySpark
-serializes the dict as given, so the keys are always emitted in sorted order.
+``{"seq": W, "stream": name}`` means every message of the group with ``seq <= W`` belongs to a batch planned at or
+before this offset. Spark compares offsets as JSON strings and PySpark serializes the dict as given, so the keys are
+always emitted in sorted order.
+
+A batch's end offset (``BatchEnd``) also carries what replaying the batch needs and no offset can give (decision
+0042): ``cut``, how the batch is cut into Spark partitions (``streaming.cuts``); ``start``, batch 0's start, which
+Spark never logs (it asks ``initialOffset`` again on a restart); ``last``, the stream's last seq when the batch was
+planned, from which a listener tells the lag where Spark reports no latest offset of its own (PySpark 4.0/4.1).
 """
 
 from __future__ import annotations
@@ -14,6 +19,11 @@ from typing import Any
 
 from spark_jetstream.errors import OptionError
 
+INITIAL = -1
+"""The seq of a new query's initial offset: where the query starts is worked out at its first ``latestOffset`` and
+written into batch 0's end offset (``BatchEnd.start``), so that a restart in batch 0 replays it from there, whatever
+``startingPosition`` would say by then."""
+
 
 @dataclass(frozen=True, order=True)
 class Watermark:
@@ -22,6 +32,11 @@ class Watermark:
     stream: str
     seq: int
     created: str = ""  # the stream's creation time: a stream deleted and made again is another stream
+
+    @property
+    def initial(self) -> bool:
+        """The offset of a query that has not started yet (``INITIAL``)."""
+        return self.seq == INITIAL
 
     def to_offset(self) -> dict[str, Any]:
         offset: dict[str, Any] = {"created": self.created} if self.created else {}
@@ -45,6 +60,33 @@ class Watermark:
                 "use a new checkpoint location for a different stream."
             )
         return cls(stream, seq, offset.get("created", ""))
+
+
+@dataclass(frozen=True)
+class BatchEnd:
+    """A batch's end offset: its watermark and what its replay needs (module doc). An offset written before these
+    fields existed has none of them: its batch is cut as the stream is now."""
+
+    mark: Watermark
+    cut: dict[str, Any] | None = None
+    start: int | None = None
+    last: int | None = None
+
+    @property
+    def seq(self) -> int:
+        return self.mark.seq
+
+    def to_offset(self) -> dict[str, Any]:
+        offset = self.mark.to_offset()
+        extra = {"cut": self.cut, "last": self.last, "start": self.start}
+        offset.update((key, value) for key, value in extra.items() if value is not None)
+        return dict(sorted(offset.items()))  # Spark compares offsets as JSON text
+
+    @classmethod
+    def from_offset(cls, offset: dict[str, Any], mark: Watermark) -> BatchEnd:
+        """``offset`` (whose watermark is ``mark``) with what it carries for its replay."""
+        start, last = offset.get("start"), offset.get("last")
+        return cls(mark, offset.get("cut"), None if start is None else int(start), None if last is None else int(last))
 
 
 def _batch_ids(root: Path, log: str) -> list[int]:
