@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.progress_markers import is_marker
-from spark_jetstream.client.publish import publish_all
+from spark_jetstream.client.publish import PublishError, publish_all
 from spark_jetstream.errors import OptionError
 from spark_jetstream.read.direct import read_range
 from spark_jetstream.read.ranges import SeqRange
@@ -114,6 +114,35 @@ def test_an_attempt_whose_input_was_cut_stores_a_short_chunk_and_the_replay_goes
     result = writer(conn, batch_id=1).write(rows(0, 400))
     assert (result.published, result.skipped) == (250, 150)
     assert data_rows(api) == list(range(400))
+
+
+def test_a_replay_whose_first_rows_are_not_those_its_marker_counts_fails_the_task(conn, api, atomic_stream):
+    """A replay skips the rows its marker says are stored only when its first rows are those rows, compared by their
+    fingerprint (subjects and data), however Spark cut them into record batches: other rows (a source that cut the
+    replayed batch otherwise, a plan that is not deterministic) fail the task, naming the partition, and nothing more
+    is written."""
+    assert writer(conn, batch_id=2).write(rows(0, 150)).published == 150  # an attempt whose input was cut
+    result = writer(conn, batch_id=2).write(rows(0, 300, per_batch=40))  # the same rows in other record batches
+    assert (result.published, result.skipped) == (150, 150)
+    marker = conn.run(read_marker(JetStreamApi(conn), "AT", "atp.sjp-a1.0"))
+    assert (marker.rows, len(marker.print)) == (300, 32)
+    with pytest.raises(PublishError) as other:
+        writer(conn, batch_id=2).write(rows(1000, 1400))
+    assert str(other.value).startswith(
+        "Partition 0 of Spark batch 2 holds other rows than the attempt that stored its first 300 rows (progress "
+        f"marker 'atp.sjp-a1.0': fingerprint {marker.print}, this attempt's "
+    )
+    assert str(other.value).endswith(
+        "skipping them by count would lose some rows and store others twice. A replayed partition must hold its first "
+        "attempt's rows in the same order: a source that replays a micro-batch as it was cut (the jetstream source "
+        "does) and a deterministic plan (no rand(), no shuffle or union whose order varies). Nothing more was written "
+        "by this attempt."
+    )
+    with pytest.raises(PublishError, match=r"this attempt's 100 rows only\)"):
+        writer(conn, batch_id=2).write(rows(0, 100))
+    assert data_rows(api) == list(range(300))
+    marker_before = Marker(1, 2, 0, 150, "x")  # a marker written before fingerprints: counted as before
+    assert marker_before.print == "" and marker_before.rows_of(2) == 150
 
 
 def test_two_attempts_at_once_store_every_row_once(conn, api, atomic_stream):

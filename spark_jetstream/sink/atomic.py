@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import hashlib
 import json
 import logging
 import random
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -127,13 +128,15 @@ class Marker:
     chunk: int = -1
     rows: int = 0
     stored_by: str = ""
+    print: str = ""  # the fingerprint of those rows (``RowPrint``); "" in markers written before it was kept
 
     def rows_of(self, batch: int) -> int:
         """Rows of Spark batch ``batch`` it says are stored."""
         return self.rows if self.batch == batch else 0
 
     def body(self) -> bytes:
-        return json.dumps({"batch": self.batch, "chunk": self.chunk, "rows": self.rows, "id": self.stored_by}).encode()
+        body = {"batch": self.batch, "chunk": self.chunk, "rows": self.rows, "id": self.stored_by, "print": self.print}
+        return json.dumps(body).encode()
 
 
 async def read_marker(api: JetStreamApi, stream: str, subject: str) -> Marker:
@@ -143,7 +146,8 @@ async def read_marker(api: JetStreamApi, stream: str, subject: str) -> Marker:
         return Marker()
     try:
         body = json.loads(found.data)
-        return Marker(found.seq, int(body["batch"]), int(body["chunk"]), int(body["rows"]), str(body["id"]))
+        batch, chunk, rows = int(body["batch"]), int(body["chunk"]), int(body["rows"])
+        return Marker(found.seq, batch, chunk, rows, str(body["id"]), str(body.get("print", "")))
     except (ValueError, KeyError, TypeError):
         raise PublishError(
             f"Subject {subject!r} of stream {stream!r} holds {found.data[:60]!r}, not a spark-jetstream progress "
@@ -151,14 +155,45 @@ async def read_marker(api: JetStreamApi, stream: str, subject: str) -> Marker:
         ) from None
 
 
-class _Rows:
-    """The task's input rows as a cursor: chunks of rows taken in order, rows skipped."""
+class RowPrint:
+    """A fingerprint of the rows of a partition taken so far: their subjects and data, length by length and byte by
+    byte, one running hash per column and kind, so that the same rows give the same print however Spark cut them into
+    record batches. A replay compares it with its marker's before it skips rows by count (``AtomicWriter``)."""
 
-    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
+    def __init__(self, columns: Sequence[int]) -> None:
+        self.columns = tuple(columns)
+        self.hashes = [(hashlib.sha256(), hashlib.sha256()) for _ in self.columns]
+
+    def update(self, piece: pa.RecordBatch) -> None:
+        for index, (lengths, values) in zip(self.columns, self.hashes, strict=True):
+            column = piece.column(index)
+            sizes = pc.binary_length(column).fill_null(-1).cast(pa.int64())
+            lengths.update(memoryview(sizes.buffers()[1])[sizes.offset * 8 : (sizes.offset + len(sizes)) * 8])
+            offsets = memoryview(column.buffers()[1]).cast("q" if pa.types.is_large_binary(column.type) else "i")
+            data = column.buffers()[2]
+            if data is not None:
+                values.update(memoryview(data)[offsets[column.offset] : offsets[column.offset + len(column)]])
+
+    def copy(self) -> RowPrint:
+        twin = RowPrint(self.columns)
+        twin.hashes = [(lengths.copy(), values.copy()) for lengths, values in self.hashes]
+        return twin
+
+    def hexdigest(self) -> str:
+        whole = hashlib.sha256(b"".join(h.digest() for pair in self.hashes for h in pair))
+        return whole.hexdigest()[:32]
+
+
+class _Rows:
+    """The task's input rows as a cursor: chunks of rows taken in order, rows skipped, and the fingerprint of the rows
+    up to ``position`` (``print``)."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch], print_columns: Sequence[int]) -> None:
         self.batches = batches
         self.current: pa.RecordBatch | None = None
         self.offset = 0  # rows of ``current`` already taken
         self.position = 0  # rows of the partition taken or skipped
+        self.print = RowPrint(print_columns)
 
     def _next(self) -> pa.RecordBatch | None:
         while self.current is None or self.offset >= self.current.num_rows:
@@ -173,6 +208,7 @@ class _Rows:
         skipped = 0
         while skipped < count and (batch := self._next()) is not None:
             step = min(count - skipped, batch.num_rows - self.offset)
+            self.print.update(batch.slice(self.offset, step))
             self.offset += step
             skipped += step
         self.position += skipped
@@ -190,11 +226,23 @@ class _Rows:
             if not fit:
                 break
             out.append(piece.slice(0, fit))
+            self.print.update(out[-1])
             rows, size, self.offset = rows + fit, size + ends[fit - 1], self.offset + fit
             if fit < piece.num_rows:
                 break
         self.position += rows
         return out
+
+
+def _print_at(before: RowPrint, slices: list[pa.RecordBatch], count: int) -> RowPrint:
+    """``before`` (a print up to the first row of ``slices``) carried on over their first ``count`` rows."""
+    taken = before.copy()
+    for piece in slices:
+        if count <= 0:
+            break
+        taken.update(piece.slice(0, count))
+        count -= piece.num_rows
+    return taken
 
 
 def _drop(slices: list[pa.RecordBatch], count: int) -> list[pa.RecordBatch]:
@@ -236,6 +284,7 @@ class AtomicWriter:
         self.commands = commands
         self.target = target
         self.subject = marker_subject(target.prefix, sink, partition)
+        self.partition = partition
         self.batch_id = batch_id
         self.timeout = timeout
         self.max_bytes = max_bytes
@@ -245,7 +294,8 @@ class AtomicWriter:
 
     def write(self, batches: Iterator[pa.RecordBatch]) -> AtomicResult:
         result = AtomicResult()
-        rows = _Rows(batches)
+        columns = self.commands.columns
+        rows = _Rows(batches, [index for index in (columns.subject, columns.data) if index is not None])
         self.conn.run(self._open())
         try:
             marker = self._marker()
@@ -253,27 +303,53 @@ class AtomicWriter:
                 result.stale = True
                 return result
             result.skipped = rows.skip(marker.rows_of(self.batch_id))
-            data = self.commands.columns.data
-            while slices := rows.take(self.target.max_messages - 1, self.max_bytes, data):
+            self._check(marker, rows.position, rows.print)
+            while True:
+                before = rows.print.copy()  # the print up to the chunk's first row
+                slices = rows.take(self.target.max_messages - 1, self.max_bytes, columns.data)
+                if not slices:
+                    return result
                 end = rows.position
-                marker, published = self._commit(slices, end, marker)
+                marker, published = self._commit(slices, end, marker, before, rows.print.hexdigest())
                 if marker.batch > self.batch_id:
                     result.stale = True
                     return result
                 result.published += published
                 result.skipped += sum(piece.num_rows for piece in slices) - published
                 result.skipped += rows.skip(marker.rows - end)  # another attempt stored more
-            return result
+                self._check(marker, rows.position, rows.print)
         finally:
             self.conn.run(self._close(), timeout=10)
+
+    def _check(self, marker: Marker, taken: int, taken_print: RowPrint) -> None:
+        """Before this attempt goes on after the rows ``marker`` says are stored (``taken`` of its own rows, with
+        print ``taken_print``, stand for them): refuse, with the task failing, when its rows are not those. Skipping
+        by count would then lose some rows and store others twice (decision 0042)."""
+        stored = marker.rows_of(self.batch_id)
+        if not stored:
+            return
+        mine = taken_print.hexdigest() if taken == stored else f"{taken:,} rows only"
+        if taken == stored and marker.print in ("", mine):
+            return
+        raise PublishError(
+            f"Partition {self.partition} of Spark batch {self.batch_id} holds other rows than the attempt that stored "
+            f"its first {stored:,} rows (progress marker {self.subject!r}: fingerprint {marker.print or '?'}, this "
+            f"attempt's {mine}): skipping them by count would lose some rows and store others twice. A replayed "
+            "partition must hold its first attempt's rows in the same order: a source that replays a micro-batch as "
+            "it was cut (the jetstream source does) and a deterministic plan (no rand(), no shuffle or union whose "
+            "order varies). Nothing more was written by this attempt."
+        )
 
     def _marker(self) -> Marker:
         return self.conn.run(read_marker(self.api, self.target.stream, self.subject))
 
-    def _commit(self, slices: list[pa.RecordBatch], end: int, marker: Marker) -> tuple[Marker, int]:
-        """Store the rows of ``slices`` (they end at row ``end``) with their marker, or learn that another attempt
-        stored them; returns the marker after it and the rows this attempt stored. What the protocol says to
-        retry is retried, the marker read again first, for up to ``publishTimeout`` and an election."""
+    def _commit(
+        self, slices: list[pa.RecordBatch], end: int, marker: Marker, before: RowPrint, end_print: str
+    ) -> tuple[Marker, int]:
+        """Store the rows of ``slices`` (they end at row ``end``, whose print is ``end_print``; ``before``: the print
+        up to their first row) with their marker, or learn that another attempt stored them; returns the marker after
+        it and the rows this attempt stored. What the protocol says to retry is retried, the marker read again first,
+        for up to ``publishTimeout`` and an election."""
         loop = self.conn.loop
         deadline = loop.time() + self.timeout + self.conn.api_timeout
         start = end - sum(piece.num_rows for piece in slices)
@@ -291,14 +367,16 @@ class AtomicWriter:
                     f"stored, but this attempt's next rows start at row {start:,}: the partition's rows differ "
                     "between attempts (a plan that is not deterministic, such as one after a shuffle)."
                 )
-            slices, start = _drop(slices, stored - start), stored  # another attempt stored a shorter chunk
+            if stored > start:  # another attempt stored a shorter chunk: the same rows?
+                self._check(marker, stored, _print_at(before, slices, stored - start))
+            slices, start, before = _drop(slices, stored - start), stored, _print_at(before, slices, stored - start)
             chunk = marker.chunk + 1 if marker.batch == self.batch_id else 0
-            mine = Marker(0, self.batch_id, chunk, end, uuid.uuid4().hex)
+            mine = Marker(0, self.batch_id, chunk, end, uuid.uuid4().hex, end_print)
             sent.add(mine.stored_by)
             wait = min(self.timeout, COMMIT_WAIT)
             code, seq, reason = self.conn.run(self._send(slices, mine, marker.seq, wait))
             if code is None:
-                return Marker(seq, mine.batch, mine.chunk, mine.rows, mine.stored_by), end - start
+                return replace(mine, seq=seq), end - start
             if code not in _RETRIED:
                 raise PublishError(self._failure(code, reason, start, end))
             if loop.time() >= deadline:
