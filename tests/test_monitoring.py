@@ -51,3 +51,23 @@ def test_no_checkpoint_yet_means_no_committed_offset(tmp_path):
     assert committed_offset(tmp_path) is None  # planned, never committed
     (tmp_path / "commits" / "0").write_text('v1\n{"nextBatchWatermarkMs":0}\n')
     assert committed_offset(tmp_path) == {"seq": 5, "stream": "S"}
+
+
+def test_the_lag_of_a_batch_where_spark_reports_its_end_as_the_latest_offset():
+    """PySpark 4.0 and 4.1 report the batch's end as the source's latest offset: the end offset's ``last`` (the
+    stream's last seq when the batch was planned) gives the lag there; 4.2+ reports the stream's end itself."""
+    from types import SimpleNamespace
+
+    from spark_jetstream.tools.monitoring import batch_progress
+
+    def progress(end: str, latest: str | None) -> SimpleNamespace:
+        source = SimpleNamespace(endOffset=end, latestOffset=latest)
+        return SimpleNamespace(
+            sources=[source], timestamp="2026-12-06T10:00:00.000Z", name="q", id="i", batchId=3, numInputRows=1000,
+            inputRowsPerSecond=1.0, processedRowsPerSecond=2.0, durationMs={"triggerExecution": 5},
+        )  # fmt: skip
+
+    end = '{"created":"c","cut":{"tasks":[[">"]]},"last":9000,"seq":3000,"stream":"S"}'
+    assert batch_progress(progress(end, end)).lag == 6000  # 4.0/4.1: latest == end
+    assert batch_progress(progress(end, '{"seq":9500,"stream":"S"}')).lag == 6500  # 4.2+: reported after planning
+    assert batch_progress(progress('{"seq":3000,"stream":"S"}', '{"seq":3000,"stream":"S"}')).lag == 0  # no batch

@@ -3,7 +3,9 @@
 Spark reports each source's ``endOffset`` (where the batch ended) and ``latestOffset`` (what the
 source reported through ``reportLatestOffset``: the stream's last sequence when the batch was
 planned). For this source both are ``{"seq": ..., "stream": ...}``, so the lag of a batch is the
-number of stream sequences between them: messages stored but not yet in any batch.
+number of stream sequences between them: messages stored but not yet in any batch. PySpark 4.0 and
+4.1 report the batch's end as the latest offset; the end offset carries the stream's last sequence
+when the batch was planned (``last``), which gives the lag there too.
 
     listener = JetStreamLagListener(on_batch=lambda b: print(b.batch_id, b.rows, b.lag))
     spark.streams.addListener(listener)
@@ -47,13 +49,14 @@ class BatchProgress:
         return max(0, self.latest_seq - self.end_seq)
 
 
-def _seq(offset: str | None) -> int | None:
+def _seq(offset: str | None, field: str = "seq") -> int | None:
+    """``field`` of a JetStream source's offset (None: not such an offset, or no such field)."""
     try:
         parsed = json.loads(offset) if offset else None
     except ValueError:
         return None
-    if isinstance(parsed, dict) and "seq" in parsed and "stream" in parsed:
-        return int(parsed["seq"])
+    if isinstance(parsed, dict) and "seq" in parsed and "stream" in parsed and parsed.get(field) is not None:
+        return int(parsed[field])
     return None
 
 
@@ -63,7 +66,8 @@ def batch_progress(progress: Any) -> BatchProgress:
     for source in progress.sources:
         end_seq = _seq(source.endOffset)
         if end_seq is not None:  # the first JetStream source of the query
-            end, latest = end_seq, _seq(source.latestOffset)
+            reported = [_seq(source.latestOffset), _seq(source.endOffset, "last")]
+            end, latest = end_seq, max((seq for seq in reported if seq is not None), default=None)
             break
     started = datetime.fromisoformat(progress.timestamp.replace("Z", "+00:00")).timestamp()
     return BatchProgress(
