@@ -384,6 +384,30 @@ def run_then_kill(args: list[str], ready: Callable[[], bool], timeout: float, po
         child.wait()
 
 
+KILL_CHAIN = ("plan#1", "plan#3", "commit#1", "latest#1")
+"""Where ``kill_chain`` kills a driver, one run after the other on one checkpoint: batch 0 planned and unread (its
+replay needs the start batch 0's end recorded); batch 2 planned after batch 0's replay and batch 1; one member's
+floor moved to batch 2's end and the others not; the sink committed batch 2 and the source has not acked it. Every
+restart path of a query with a group (``streaming/faults.py`` names the points)."""
+
+
+def kill_chain(args: list[str], points: tuple[str, ...], marker_dir: Path, env: dict[str, str] | None = None) -> None:
+    """Run the job of ``args`` once per crash point of ``points`` (``<point>#<n>``), each run on the checkpoint the
+    one before left, SIGKILLing its whole process group as soon as its driver reports the point."""
+    for index, point in enumerate(points):
+        marker = marker_dir / f"reached-{index}"
+        fault = {"SPARK_JETSTREAM_FAULT": f"{point}:{marker}"}
+        child = subprocess.Popen(
+            args, env={**(env or os.environ), **fault}, start_new_session=True, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            wait_for(marker.exists, 180, f"the driver to reach {point}", poll=0.05, check=child_alive(child))
+        finally:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+
+
 def member_infos(api, stream, group: str | None = None) -> dict[str, dict]:
     """Consumer info of each member consumer of ``group`` (default: ``stream``'s group) on ``stream``, by name."""
     prefix = f"{group or stream.group}-"
@@ -558,8 +582,12 @@ def kill_mid_batch(args: list[str], api, out: str, checkpoint: Path) -> None:
         return committed_rows + 50 < api.stream_info(out)["state"]["messages"] < planned_rows
 
     run_then_kill([*args, "--max-per-trigger", "1000", "--slow-ms", "3"], partly_published, 240, poll=0.02)
-    # PySpark's Python workers run in their own process group and outlive the kill briefly (they may
-    # still publish what they hold): wait until the target stops growing.
+    wait_for_target_to_settle(api, out)
+
+
+def wait_for_target_to_settle(api, out: str) -> None:
+    """PySpark's Python workers run in their own process group and outlive a kill briefly (they may still publish
+    what they hold): wait until the target stops growing."""
     count, deadline = -1, time.monotonic() + 30
     while (now := api.stream_info(out)["state"]["messages"]) != count and time.monotonic() < deadline:
         count = now

@@ -8,7 +8,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import checkpoint_log, child_alive, finish_job, query_not_failed, slow_parquet_query, wait_for
+from helpers import (
+    KILL_CHAIN,
+    checkpoint_log,
+    finish_job,
+    kill_chain,
+    query_not_failed,
+    slow_parquet_query,
+    wait_for,
+)
 
 from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
@@ -106,37 +114,25 @@ def test_stream_deleted_and_created_again_while_the_query_is_down_fails_clearly_
 JOB = Path(__file__).parent / "jobs" / "stream_to_parquet.py"
 
 
-@pytest.mark.parametrize(
-    ("point", "retention"),
-    [("initial", "limits"), ("latest", "limits"), ("plan", "workqueue"), ("commit", "limits")],
-)
 def test_driver_killed_at_each_point_of_the_batch_cycle_restarts_exactly(
-    point, retention, spark, nats_server, api, make_stream, tmp_path
+    spark, nats_server, api, make_stream, tmp_path
 ):
-    """``initial``: a new query before its first offset; ``latest``: after the sink committed a batch,
-    before the source acked it; ``plan``: the batch is in the offset log but unread, on a WorkQueue stream only,
-    where an early ack would delete it (the restart's ``partitions(latest, latest)`` must not ack);
-    ``commit``: some member floors moved, others not. (Mid-read is
-    tests/test_driver_kill.py::test_driver_killed_mid_batch_restarts_exactly_once.)"""
-    import os
-    import signal
-    import subprocess
+    """One checkpoint, a driver killed at each point of the batch cycle in turn (``helpers.KILL_CHAIN``, after a kill
+    of a new query before its first offset), then finished in the test's session: every message once in the output,
+    every floor at the last seq. A WorkQueue stream: an ack before Spark's commit (the restart's
+    ``partitions(latest, latest)`` must not ack) would delete what the replay needs. PySpark 4.0 and 4.1:
+    ``test_spark_versions.py``. (Mid-read: ``test_driver_kill.py``.)"""
     import sys
 
     from chispa import assert_df_equality
 
-    stream = make_stream(3000, partitions=3, retention=retention)
-    out, checkpoint, marker = tmp_path / "out", tmp_path / "cp", tmp_path / "reached"
+    stream = make_stream(3000, partitions=3, retention="workqueue")
+    out, checkpoint = tmp_path / "out", tmp_path / "cp"
     args = [sys.executable, str(JOB), "--servers", nats_server.url, "--stream", stream.name,
             "--group", stream.group, "--out", str(out), "--checkpoint", str(checkpoint),
-            "--max-per-trigger", "700"]  # fmt: skip
-    env = {**os.environ, "SPARK_JETSTREAM_FAULT": f"{point}:{marker}"}
-    child = subprocess.Popen(args, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_for(marker.exists, 120, f"the driver to reach {point}", poll=0.05, check=child_alive(child))
-    finally:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
+            "--max-per-trigger", "500"]  # fmt: skip
+    kill_chain(args, ("initial#1", *KILL_CHAIN), tmp_path)
+    assert checkpoint_log(checkpoint, "offsets").keys() == checkpoint_log(checkpoint, "commits").keys() == {0, 1, 2}
 
     finish_job(spark, args)
     rows = [(subject, payload, seq, part) for seq, (subject, payload, _, part) in stream.messages.items()]

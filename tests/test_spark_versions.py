@@ -21,12 +21,14 @@ from pathlib import Path
 import pytest
 from chispa import assert_df_equality
 from helpers import (
+    KILL_CHAIN,
     ack_floors,
     checkpoint_log,
     checkpoint_option,
     class_archive_path,
     expected_rows,
     interpreter,
+    kill_chain,
     pip,
     spark_home,
     stored,
@@ -39,6 +41,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).parent.parent
 JOB = Path(__file__).parent / "jobs" / "compat_job.py"
+PARQUET_JOB = Path(__file__).parent / "jobs" / "stream_to_parquet.py"
 OLDER_PYSPARKS = (("4.0.5", "3.12", "wheel"), ("4.1.4", "3.13", "source"), ("4.2.1", "3.11", "wheel"))
 """The newest patch of each supported minor before the suite's own (4.3), each with a Python and a way to install
 the connector: PySpark 4.0 on 3.12 with the wheel built on 3.11 (Databricks Runtime 17: Spark 4.0, Python 3.12, a
@@ -148,6 +151,8 @@ def test_streaming_batch_and_write_on_older_pyspark(
     # Only PySpark >= 4.2 asks the source for the stream's end (the progress's latestOffset, for lag).
     reported = {int(seq) for text in seen["reported_latest"] for seq in re.findall(r"""["']seq["']: (\d+)""", text)}
     assert (stream.last_seq in reported) == (version >= "4.2"), seen["reported_latest"]
+    # The lag of the first batch: the stream's end was known when it was planned (4.0/4.1 report no latest offset).
+    assert seen["lags"][0] == count - cap, seen["lags"]
     # Spark acks a batch while it plans the next: the last one is acked when the query next starts.
     capped_floors = set(ack_floors(api, dataclasses.replace(stream, group=f"{stream.group}-capped")).values())
     assert capped_floors <= set(offsets.values())
@@ -159,6 +164,7 @@ def test_streaming_batch_and_write_on_older_pyspark(
     # waits for the next run (which acks at its first latestOffset).
     now_floors = ack_floors(api, dataclasses.replace(stream, group=f"{stream.group}-now"))
     assert set(now_floors.values()) == {stream.last_seq if version >= "4.2" else 0}
+    assert seen["available_now_min"] == [count]  # fewer messages than the minimum: read all the same
     if version >= "4.2":
         assert sum(seen["available_now_capped"]) == count and max(seen["available_now_capped"]) <= cap
     else:
@@ -196,6 +202,36 @@ def test_streaming_batch_and_write_on_older_pyspark(
     assert sorted(rows) == sorted((f"a{s}", d, h) for s, d, h in expected)
     assert all("Nats-Msg-Id" not in h for _, s, _, h in acopied)
     assert len(acopied) - len(rows) >= count // 99
+
+
+@pytest.mark.parametrize(("version", "minor", "install"), OLDER_PYSPARKS[:2], ids=lambda value: value)
+def test_every_restart_path_on_older_pyspark(
+    version, minor, install, wheel, spark, nats_server, api, make_stream, tmp_path
+):
+    """``test_faults.py``'s kill chain on PySpark 4.0 and 4.1, whose restarts differ from 4.2+'s: Spark calls
+    ``partitions(latest, latest)`` before anything else, then ``initialOffset`` for batch 0's start (a restart in batch
+    0 once read it as empty: its rows were lost and, on a WorkQueue stream, purged by the next commit). Finished there
+    by an ``availableNow`` run (Spark's single-batch fallback): every message once, the floors where 4.0 and 4.1 leave
+    them (the last batch is acked when the next run starts)."""
+    python = pyspark_venv(version, minor, install, wheel)
+    env, keep_archive = older_pyspark_env(python, version)
+    stream = make_stream(3000, partitions=3, retention="workqueue")
+    out, checkpoint = tmp_path / "out", tmp_path / "cp"
+    args = [str(python), str(PARQUET_JOB), "--servers", nats_server.url, "--stream", stream.name,
+            "--group", stream.group, "--out", str(out), "--checkpoint", str(checkpoint),
+            "--max-per-trigger", "500"]  # fmt: skip
+    kill_chain(args, KILL_CHAIN, tmp_path, env)
+    assert checkpoint_log(checkpoint, "offsets").keys() == checkpoint_log(checkpoint, "commits").keys() == {0, 1, 2}
+    done = subprocess.run(
+        [*args, "--available-now", "--max-per-trigger", "100000"], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    keep_archive()
+    output = spark.read.parquet(str(out)).select("subject", "data", "seq", "partition")
+    assert_df_equality(output, expected_rows(spark, stream), ignore_row_order=True, ignore_nullable=True)
+    offsets = checkpoint_log(checkpoint, "offsets")
+    assert offsets[max(offsets)] == stream.last_seq
+    assert set(ack_floors(api, stream).values()) == {offsets[max(offsets) - 1]}
 
 
 def test_the_connector_installs_and_imports_without_pyspark_and_says_what_it_needs(wheel):
