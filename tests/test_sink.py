@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections import Counter
 
 import pytest
-from helpers import checkpoint_log, finish_job, kill_mid_batch, query_id_of, sink_job, source_data, stored
+from helpers import (
+    add_messages,
+    checkpoint_log,
+    finish_job,
+    kill_mid_batch,
+    query_id_of,
+    run_then_kill,
+    sink_job,
+    source_data,
+    stored,
+    wait_for_target_to_settle,
+)
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType
@@ -315,3 +327,59 @@ def test_after_the_duplicate_window_an_uncommitted_batch_repeats_what_it_had_pub
     assert len(after) == 6000  # nothing lost
     assert sum(after.values()) == 6000 + len(repeated)
     assert {i for i, n in after.items() if n > 1} == repeated
+
+
+@pytest.mark.parametrize("progress", [False, True], ids=["msg-ids", "progress-markers"])
+def test_batches_replayed_after_the_stream_and_the_group_changed_store_each_row_once(
+    progress, spark, nats_server, api, conn, make_stream, tmp_path
+):
+    """Two kills mid-write, each followed by a change that would cut the uncommitted batch otherwise if it were planned
+    anew: larger messages (a one-task batch by the stream's average size becomes a task per partition) and Direct Get
+    turned off (``readMode=auto`` pulls a task per member then); a third member (the group's layout). Each replay is
+    cut as its first attempt was (decision 0042): the msg ids (``<query>:<batch>:<partition>:<row>``) and the progress
+    markers (rows of a partition stored) name the same rows, and every source row is in the target once."""
+    source = make_stream(6000, partitions=4)
+    out = f"REPLAY{int(progress)}"
+    extra = {"subjects": [f"{out.lower()}.>", f"{out.lower()}_progress.>"], "allow_atomic": True} if progress else {}
+    target(api, out, **extra)
+    checkpoint = tmp_path / "cp"
+    options = ["--source-option", "recordBatchBytes=150000"]  # 1,000 messages of ~60 B: one task
+    if progress:
+        options += ["--progress-subject", f"{out.lower()}_progress", "--atomic-batch-size", "100"]
+
+    def kill_mid_batch_after(args: list[str], batch: int) -> None:
+        """``helpers.kill_mid_batch``, for a batch after ``batch`` (the replay of the one left comes first)."""
+
+        def partly_published() -> bool:
+            offsets, commits = checkpoint_log(checkpoint, "offsets"), checkpoint_log(checkpoint, "commits")
+            if not commits or max(offsets) <= batch or max(commits) >= max(offsets):
+                return False
+            written = api.stream_info(out)["state"]["messages"]
+            return offsets[max(commits)] + 50 < written - (written // 100 if progress else 0) < offsets[max(offsets)]
+
+        run_then_kill([*args, "--max-per-trigger", "1000", "--slow-ms", "3"], partly_published, 240, poll=0.02)
+        wait_for_target_to_settle(api, out)
+
+    try:
+        first = sink_job(nats_server.url, source, out, checkpoint, *options, "--source-option", "members=2")
+        kill_mid_batch_after(first, -1)
+        left = max(checkpoint_log(checkpoint, "offsets"))
+        add_messages(conn, source, 2000, seed=9, size=lambda i: 1500)  # the average size grows 20-fold
+        config = api.stream_info(source.name)["config"]
+        api.call(("STREAM", "UPDATE", source.name), {**config, "allow_direct": False}, "Turning Direct Get off")
+
+        kill_mid_batch_after(first, left)
+        last = max(checkpoint_log(checkpoint, "offsets"))
+        planned = json.loads((checkpoint / "offsets" / str(last)).read_text().splitlines()[2])
+        assert last > left and planned["cut"]["pull"]  # a batch after the replay, a task per member, half written
+        third = sink_job(nats_server.url, source, out, checkpoint, *options, "--source-option", "members=3")
+        finish_job(spark, third)
+    finally:
+        messages = stored(api, out)
+        api.delete_stream(out)
+    rows = [(s, d, h) for _, s, d, h in messages if s.startswith(f"{out.lower()}.")]
+    stored_rows, expected = Counter(d for _, d, _ in rows), Counter(source_data(source))
+    missing, doubled = expected - stored_rows, stored_rows - expected
+    assert not missing and not doubled, f"{sum(missing.values())} rows missing, {sum(doubled.values())} doubled"
+    if not progress:
+        assert len({h["Nats-Msg-Id"][0] for _, _, h in rows}) == len(rows)

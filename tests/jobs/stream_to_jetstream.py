@@ -1,7 +1,7 @@
 """A jetstream -> jetstream streaming job run as its own process, so tests can SIGKILL it mid-batch.
 
 python tests/jobs/stream_to_jetstream.py --servers URL --stream S --group G --target PREFIX --checkpoint DIR
-    [--progress-subject P --atomic-batch-size N]
+    [--progress-subject P --atomic-batch-size N] [--source-option NAME=VALUE ...]
 
 Each message of S is written to ``PREFIX.<last subject token>`` with the same payload. A slow UDF,
 small Arrow batches and small worker buffers make the writer receive a partition's rows about a
@@ -28,6 +28,7 @@ def main(spark: SparkSession, argv: list[str] | None = None) -> None:
     parser.add_argument("--slow-ms", type=float, default=0.0, help="sleep per row, to make batches slow")
     parser.add_argument("--progress-subject", default=None, help="the writer's progressSubject")
     parser.add_argument("--atomic-batch-size", type=int, default=1000)
+    parser.add_argument("--source-option", action="append", default=[], help="another option of the source: NAME=VALUE")
     args = parser.parse_args(argv)
 
     delay = args.slow_ms / 1000
@@ -43,6 +44,7 @@ def main(spark: SparkSession, argv: list[str] | None = None) -> None:
         .option("stream", args.stream)
         .option("group", args.group)
         .option("maxMessagesPerTrigger", args.max_per_trigger)
+        .options(**dict(option.split("=", 1) for option in args.source_option))
         .load()
         .select(
             F.concat(F.lit(f"{args.target}."), F.substring_index("subject", ".", -1)).alias("subject"),
