@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import (
     ack_floors,
+    add_messages,
     assert_output_exact,
     checkpoint_log,
     error_text,
@@ -164,6 +165,30 @@ def test_available_now_stops_at_the_sequence_seen_at_start(spark, nats_server, c
     assert seqs[-1] == target[max(target)] >= before
     assert seqs == list(range(1, seqs[-1] + 1))  # every message up to the target, each once
     assert api.stream_info(stream.name)["state"]["last_seq"] > seqs[-1]  # publishing went on past it
+
+
+def test_available_now_with_a_minimum_reads_everything_there_was(spark, nats_server, conn, make_stream, tmp_path):
+    """``minMessagesPerTrigger`` holds back no part of an ``availableNow`` run (PySpark ends the run at the first
+    trigger that plans no batch, and leaves the minimum's case to the source): fewer messages than the minimum are
+    read, and the tail of a longer run too. PySpark 4.0 and 4.1: ``test_spark_versions.py``."""
+    stream = make_stream(500, partitions=2)
+
+    def run() -> list[int]:
+        rows = reader(spark, nats_server.url, stream, minMessagesPerTrigger=1000, maxMessagesPerTrigger=1000)
+        query = (
+            rows.writeStream.format("parquet")
+            .option("path", str(tmp_path / "out"))
+            .option("checkpointLocation", str(tmp_path / "cp"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+
+    assert run() == [500]
+    add_messages(conn, stream, 2500, seed=5)
+    assert run() == [1000, 1000, 500]
+    assert_output_exact(spark, stream, tmp_path)
 
 
 def test_purged_messages_fail_the_query_or_are_skipped(spark, nats_server, api, make_stream, tmp_path):

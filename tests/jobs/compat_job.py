@@ -5,8 +5,11 @@ python tests/jobs/compat_job.py --servers URL --stream S --group-prefix G --max 
 
 - ``capped``: a streaming read with ``maxMessagesPerTrigger=M`` into parquet, stopped after two
   batches and restarted from its checkpoint until all ``--count`` rows are read (group ``G-capped``).
+- ``lags``: the lag of each batch of the capped read's first run, as ``JetStreamLagListener`` tells it from the
+  progress.
 - ``available_now`` and ``available_now_capped``: ``trigger(availableNow=True)`` without and with
-  the cap (groups ``G-now`` and ``G-nowcap``); ``groupless``: the same without a group.
+  the cap (groups ``G-now`` and ``G-nowcap``); ``available_now_min``: with ``minMessagesPerTrigger`` twice the
+  stream (group ``G-nowmin``); ``groupless``: the same without a group.
 - ``batch``: a bounded ``spark.read`` of seqs ``(10, 110]``.
 - ``python``, ``workers``: the driver's Python minor, and each Python worker's with the bulk handlers it parses
   with.
@@ -27,6 +30,8 @@ from collections.abc import Iterator
 import pyspark
 from local_spark import bounded_read, local_session
 from pyspark.sql import functions as F
+
+from spark_jetstream.tools.monitoring import batch_progress
 
 
 def main() -> None:
@@ -70,6 +75,7 @@ def main() -> None:
 
     batches: list[int] = []
     reported: list[str] = []  # the stream's end as each progress of the first run reports it
+    lags: list[int | None] = []
     for stop_after in (2, None):  # a first run, stopped, then a restart from the checkpoint
         query = to_parquet("capped", source("capped", maxMessagesPerTrigger=args.max), {"processingTime": "0 seconds"})
         deadline = time.monotonic() + 120
@@ -83,12 +89,15 @@ def main() -> None:
             raise query.exception()
         batches += input_rows(query)
         reported = reported or [str(p.sources[0].latestOffset) for p in query.recentProgress]
+        lags = lags or [batch_progress(p).lag for p in query.recentProgress if p["numInputRows"]]
     result["capped"] = batches
     result["reported_latest"] = reported
+    result["lags"] = lags
 
     for name, group, options in (
         ("available_now", "now", {}),
         ("available_now_capped", "nowcap", {"maxMessagesPerTrigger": args.max}),
+        ("available_now_min", "nowmin", {"minMessagesPerTrigger": 2 * args.count}),
         ("groupless", None, {}),
     ):
         query = to_parquet(name, source(group, **options), {"availableNow": True})
