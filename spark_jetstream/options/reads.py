@@ -112,7 +112,8 @@ READS: tuple[Option, ...] = (
         "minMessagesPerTrigger",
         parse_positive_int,
         None,
-        "Wait for at least this many messages before a micro-batch (up to `maxTriggerDelay`).",
+        "Wait for at least this many messages before a micro-batch (up to `maxTriggerDelay`, counted from the last "
+        "batch or the query's start, as Kafka's source does); an `availableNow` run reads everything there was.",
         frozenset({STREAM}),
         "read",
         attr="min_messages",
@@ -147,9 +148,9 @@ READS: tuple[Option, ...] = (
         "failOnDataLoss",
         parse_bool,
         True,
-        "Fail when messages of a batch were removed before they were read (retention, purge), or the stream was "
-        "deleted and created again; `false` skips the removed messages in one step (or reads the new stream from its "
-        "first message), logged once as a warning.",
+        "Fail when messages of a batch were removed before they were read (retention, purge; seen when the batch is "
+        "planned and by its tasks), or the stream was deleted and created again; `false` skips the removed messages "
+        "in one step (or reads the new stream from its first message), with a warning.",
         READ,
         "read",
         batch_doc="Fail when messages from `startingPosition` on were already removed; `false` reads what is left.",

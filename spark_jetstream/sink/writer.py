@@ -23,9 +23,11 @@ per-task "partition done" marker on purpose: when the JVM dies, its Python worke
 daemon runs them in their own process group) live on for about half a second, may take the cut
 input for a normal end, publish the part they got and would record the partition as done, so a
 replay would skip the rest (a test run with such markers lost 173 rows this way).
-The ids also assume a replay puts the same rows in the same partitions and order (true for
-deterministic plans over replayable sources, not after a shuffle); otherwise give each row a
-``msg_id`` derived from its content.
+The ids need a replay to put the same rows in the same partitions and order: of the source, that it replays a
+micro-batch as it first cut it (the jetstream source records each batch's cut in its end offset, decision 0042; a
+file source replays its files); of the user's plan, that it is deterministic (no ``rand()``, no shuffle or union
+whose order varies). Otherwise a replayed row at a position whose id was stored is dropped as a duplicate, silently:
+give each row a ``msg_id`` derived from its content. (The progress markers check it: their rows' fingerprint.)
 
 Batch writes (``df.write``) use ``Nats-Msg-Id = <writeId>:<partition>:<row>`` with a random id
 per ``save()``: Spark's task retries and speculative copies are stored once, while running the
