@@ -234,9 +234,9 @@ def test_a_batch_planned_to_pull_is_refused_by_a_run_that_reads_with_direct_get(
         again.partitions(start, spark_json(end))
     assert str(refused.value) == (
         f"The batch (0, 1000] of stream {stream.name!r}, planned before the query stopped, was cut into a task per "
-        f"member of group {stream.group!r}, pulled from the member consumers, but this run reads with Direct Get "
-        "(readMode, minPartitions or preservePartitionOrder changed, or readMode=auto now finds Direct Get): its "
-        "replay must be cut as planned. Restart with readMode=pull, without minPartitions and with "
+        "member of its group, pulled from the member consumers, but this run reads with Direct Get (the group, "
+        "readMode, minPartitions or preservePartitionOrder changed, or readMode=auto now finds Direct Get): its replay "
+        "must be cut as planned. Restart with the group it had, readMode=pull, no minPartitions and "
         "preservePartitionOrder=true until that batch is committed."
     )
     with run({**options, "readMode": "pull"}) as pulled:
@@ -282,3 +282,20 @@ def test_messages_purged_between_planning_and_reading_are_data_loss_in_the_task(
         "micro-batch was planned, before its task read them: skipping them (failOnDataLoss=false)"
         for message in said
     )
+
+
+def test_a_batch_planned_without_a_group_is_replayed_alike_with_one(nats_server, make_stream):
+    """The offset is the same with and without a group: a checkpoint goes on with a group added, and its uncommitted
+    batch is replayed as it was cut; the group's member consumers take their floors from there."""
+    stream = make_stream(3000, partitions=4)
+    options = {"servers": nats_server.url, "stream": stream.name}
+    with run(options) as first:
+        start = offset_at(first, 0)
+        end = first.latestOffset(start, None)
+        first_plan = first.partitions(start, end)
+        first_rows = rows(first, first_plan)
+    assert "members" not in end["cut"]
+    with run({**options, "group": stream.group}) as again:
+        replay = again.partitions(start, spark_json(end))
+        assert shape(replay) == shape(first_plan)
+        assert rows(again, replay) == first_rows

@@ -328,9 +328,9 @@ class Coordinator:
         cut = self._cut(begin, end.seq) if end.cut is None else Cut.from_json(end.cut, begin, end.seq)
         self._check_replayable(cut, begin, end.seq)
         group = self.group
-        if group is not None:
-            assert cut.members is not None
-            group.before_batch(begin, self.state().retention, cut.members)
+        if group is not None:  # the layout the batch was planned with (a group added since: the group's now)
+            members = cut.members if cut.members is not None else group.next_layout().members
+            group.before_batch(begin, self.state().retention, members)
         state = self.state(fresh=True)
         self._after_data_loss(self.watermark(begin), state)
         fault_point("plan")  # the batch is in the offset log; no task has read it
@@ -379,10 +379,10 @@ class Coordinator:
         if cut.pull and not self.pulls_members:
             how = "with Direct Get" if self.direct else "by seq ranges through consumers of its own"
             raise OptionError(
-                f"{what} was cut into a task per member of group {self.config.group!r}, pulled from the member "
-                f"consumers, but this run reads {how} (readMode, minPartitions or preservePartitionOrder changed, or "
-                "readMode=auto now finds Direct Get): its replay must be cut as planned. Restart with readMode=pull, "
-                "without minPartitions and with preservePartitionOrder=true until that batch is committed."
+                f"{what} was cut into a task per member of its group, pulled from the member consumers, but this run "
+                f"reads {how} (the group, readMode, minPartitions or preservePartitionOrder changed, or readMode=auto "
+                "now finds Direct Get): its replay must be cut as planned. Restart with the group it had, "
+                "readMode=pull, no minPartitions and preservePartitionOrder=true until that batch is committed."
             )
         if not cut.pull and not self.direct and self._stream_config.get("retention") == "workqueue":
             raise OptionError(
