@@ -71,3 +71,5 @@ def test_the_lag_of_a_batch_where_spark_reports_its_end_as_the_latest_offset():
     assert batch_progress(progress(end, end)).lag == 6000  # 4.0/4.1: latest == end
     assert batch_progress(progress(end, '{"seq":9500,"stream":"S"}')).lag == 6500  # 4.2+: reported after planning
     assert batch_progress(progress('{"seq":3000,"stream":"S"}', '{"seq":3000,"stream":"S"}')).lag == 0  # no batch
+    as_python = str({"last": 9000, "seq": 3000, "stream": "S"})  # query.recentProgress holds offsets so
+    assert batch_progress(progress(as_python, as_python)).lag == 6000

@@ -15,6 +15,7 @@ when the batch was planned (``last``), which gives the lag there too.
 
 from __future__ import annotations
 
+import ast
 import json
 import threading
 import time
@@ -50,11 +51,15 @@ class BatchProgress:
 
 
 def _seq(offset: str | None, field: str = "seq") -> int | None:
-    """``field`` of a JetStream source's offset (None: not such an offset, or no such field)."""
+    """``field`` of a JetStream source's offset (None: not such an offset, or no such field). A listener's event
+    holds the offset's JSON; ``query.recentProgress`` (parsed from JSON by PySpark) holds its Python ``str``."""
     try:
         parsed = json.loads(offset) if offset else None
     except ValueError:
-        return None
+        try:
+            parsed = ast.literal_eval(offset or "")
+        except (ValueError, SyntaxError):
+            return None
     if isinstance(parsed, dict) and "seq" in parsed and "stream" in parsed and parsed.get(field) is not None:
         return int(parsed[field])
     return None
