@@ -11,6 +11,7 @@ import pytest
 from helpers import (
     KILL_CHAIN,
     checkpoint_log,
+    child_alive,
     finish_job,
     kill_chain,
     query_not_failed,
@@ -141,3 +142,36 @@ def test_driver_killed_at_each_point_of_the_batch_cycle_restarts_exactly(
     assert_df_equality(output, expected, ignore_row_order=True, ignore_nullable=True)
     floors = {api.consumer_info(stream.name, stream.consumer(p))["ack_floor"]["stream_seq"] for p in range(3)}
     assert floors == {stream.last_seq}
+
+
+def test_messages_purged_while_a_planned_batch_waits_for_its_tasks_fail_them(nats_server, api, make_stream, tmp_path):
+    """Batch 1, ``(300, 600]``, is planned (the plan's check finds nothing missing) and its driver paused before any
+    task reads it; seqs 301..400 are purged meanwhile. The tasks see it: the query fails with the loss named, under
+    the default ``failOnDataLoss``, instead of going on without them."""
+    import os
+    import subprocess
+    import sys
+
+    stream = make_stream(1000, partitions=2)
+    marker = tmp_path / "paused"
+    args = [sys.executable, str(JOB), "--servers", nats_server.url, "--stream", stream.name,
+            "--group", stream.group, "--out", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "cp"),
+            "--max-per-trigger", "300"]  # fmt: skip
+    env = {**os.environ, "SPARK_JETSTREAM_FAULT": f"plan#2:{marker}"}
+    child = subprocess.Popen(args, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(marker.exists, 120, "the driver to plan batch 1", poll=0.05, check=child_alive(child))
+        api.purge_stream(stream.name, keep_from_seq=401)
+        marker.unlink()  # the driver goes on: batch 1's tasks read
+        _, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, 9)
+            child.wait()
+    assert child.returncode != 0
+    assert (
+        f"Messages seqs 301..400 of stream '{stream.name}' were removed (retention limits or a purge) after their "
+        "micro-batch was planned, before its task read them: set failOnDataLoss=false to skip them, or raise the "
+        "stream's limits." in err.decode()
+    )
+    assert checkpoint_log(tmp_path / "cp", "commits").keys() == {0}
