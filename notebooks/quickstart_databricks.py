@@ -198,15 +198,17 @@ print(f"streamed {totals[0]} orders, revenue {totals[1]}")
 # COMMAND ----------
 
 # MAGIC %md
-# MAGIC The query's progress: each source offset is the stream sequence `seq` the batch read up to.
+# MAGIC The query's progress: each source offset is the stream sequence `seq` the batch read up to (and how the
+# MAGIC batch was cut, for its replay).
 
 # COMMAND ----------
 
+from spark_jetstream.tools.monitoring import batch_progress
+
 for progress in query.recentProgress:  # attributes: the same on classic compute and on Spark Connect
     print(f"batch {progress.batchId}: {progress.numInputRows} rows")
-source = query.lastProgress.sources[0]
-print("last batch read from", source.startOffset)
-print("                  to", source.endOffset)
+last = batch_progress(query.lastProgress)  # the source's end offset and the lag, from Spark's progress
+print(f"last batch: {last.rows} rows, up to seq {last.end_seq}, {last.lag} messages behind")
 
 # COMMAND ----------
 
@@ -243,7 +245,7 @@ print("                  to", source.endOffset)
 
 from spark_jetstream.groups.admin import status
 
-checkpoint_seq = json.loads(source.endOffset)["seq"]
+checkpoint_seq = last.end_seq
 members = status(api, STREAM, GROUP)
 print(f"{'member':<8}{'consumer':<18}{'partitions':<12}{'ack floor':>10}{'pending':>9}")
 for m in members:
