@@ -338,7 +338,7 @@ def test_batches_replayed_after_the_stream_and_the_group_changed_store_each_row_
     turned off (``readMode=auto`` pulls a task per member then); a third member (the group's layout). Each replay is
     cut as its first attempt was (decision 0042): the msg ids (``<query>:<batch>:<partition>:<row>``) and the progress
     markers (rows of a partition stored) name the same rows, and every source row is in the target once."""
-    source = make_stream(6000, partitions=4)
+    source = make_stream(2500, partitions=4)
     out = f"REPLAY{int(progress)}"
     extra = {"subjects": [f"{out.lower()}.>", f"{out.lower()}_progress.>"], "allow_atomic": True} if progress else {}
     target(api, out, **extra)
@@ -364,7 +364,7 @@ def test_batches_replayed_after_the_stream_and_the_group_changed_store_each_row_
         first = sink_job(nats_server.url, source, out, checkpoint, *options, "--source-option", "members=2")
         kill_mid_batch_after(first, -1)
         left = max(checkpoint_log(checkpoint, "offsets"))
-        add_messages(conn, source, 2000, seed=9, size=lambda i: 1500)  # the average size grows 20-fold
+        add_messages(conn, source, 1000, seed=9, size=lambda i: 1500)  # the average size grows 8-fold
         config = api.stream_info(source.name)["config"]
         api.call(("STREAM", "UPDATE", source.name), {**config, "allow_direct": False}, "Turning Direct Get off")
 

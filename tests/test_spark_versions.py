@@ -208,7 +208,8 @@ def test_streaming_batch_and_write_on_older_pyspark(
 def test_every_restart_path_on_older_pyspark(
     version, minor, install, wheel, spark, nats_server, api, make_stream, tmp_path
 ):
-    """``test_faults.py``'s kill chain on PySpark 4.0 and 4.1, whose restarts differ from 4.2+'s: Spark calls
+    """``test_faults.py``'s kill chain on PySpark 4.0 and 4.1 (but ``commit``: a floor moved and others not is the
+    reconciliation's case, the same on every version), whose restarts differ from 4.2+'s: Spark calls
     ``partitions(latest, latest)`` before anything else, then ``initialOffset`` for batch 0's start (a restart in batch
     0 once read it as empty: its rows were lost and, on a WorkQueue stream, purged by the next commit). Finished there
     by an ``availableNow`` run (Spark's single-batch fallback): every message once, the floors where 4.0 and 4.1 leave
@@ -220,7 +221,7 @@ def test_every_restart_path_on_older_pyspark(
     args = [str(python), str(PARQUET_JOB), "--servers", nats_server.url, "--stream", stream.name,
             "--group", stream.group, "--out", str(out), "--checkpoint", str(checkpoint),
             "--max-per-trigger", "500"]  # fmt: skip
-    kill_chain(args, KILL_CHAIN, tmp_path, env)
+    kill_chain(args, tuple(point for point in KILL_CHAIN if point != "commit#1"), tmp_path, env)  # version-free
     assert checkpoint_log(checkpoint, "offsets").keys() == checkpoint_log(checkpoint, "commits").keys() == {0, 1, 2}
     done = subprocess.run(
         [*args, "--available-now", "--max-per-trigger", "100000"], capture_output=True, text=True, timeout=300, env=env
