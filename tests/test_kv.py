@@ -318,3 +318,27 @@ def test_a_compare_and_set_write_replayed_is_a_duplicate_not_a_refusal(spark, na
     assert api.stream_info(f"KV_{name}")["state"]["messages"] == 4  # a, b once more each, c; d's delete
     with pytest.raises(Exception, match=r"Compare-and-set refused for key 'a' of KV bucket 'w5'"):
         publish_kv(conn, config, columns, iter([rows]), "other:1:0:")  # another writer, an old revision
+
+
+def test_which_revision_is_each_keys_latest_is_asked_until_the_server_answered_every_key(api, conn):
+    """``multi_last`` answers up to the request's ``max_bytes`` and at most 64 MiB whatever it asks, then says in its
+    end-of-batch reply how many it left out (1,024 values of 68 KB lost 65 keys of a table read): the keys it left
+    out are asked again. Keys without a message up to the point asked end the asking too."""
+    from spark_jetstream.client.messages import last_seqs
+
+    api.create_stream(
+        {"name": "KV_large", "subjects": ["$KV.large.>"], "allow_direct": True, "max_msgs_per_subject": 5}
+    )
+    try:
+        value = b"v" * (66 * 1024)
+        result = publish_all(conn, ((f"$KV.large.k{i}", value, None) for i in range(1024)))
+        first = result.first_seq
+        subjects = [f"$KV.large.k{i}" for i in range(1024)] + ["$KV.large.none"]
+        expected = {f"$KV.large.k{i}": first + i for i in range(1024)}
+        for max_bytes in (8 << 20, 128 << 20):  # the read's default, and more than the server's 64 MiB
+            assert last_seqs(conn, "KV_large", subjects, first + 1023, max_bytes) == expected
+        assert last_seqs(conn, "KV_large", subjects[:10], first + 4, 1 << 20) == {
+            subject: seq for subject, seq in expected.items() if seq <= first + 4
+        }
+    finally:
+        api.delete_stream("KV_large")

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from spark_jetstream.options import default_of
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -168,6 +170,11 @@ def _first(values: pa.Array) -> pa.Array:
     return pc.list_element(values, 0)
 
 
+MULTI_LAST_BYTES = default_of("directGetMaxBytes")
+"""Bytes of values one ``multi_last`` request of ``_latest`` asks for: it needs their seqs only, and the server sends
+whole messages (up to 64 MiB a request)."""
+
+
 def _latest(conn: Connection, rows: pa.RecordBatch, view: KvView) -> pa.Array:
     """Which rows are their key's latest revision up to ``view.latest_as_of`` (a bucket that keeps several):
     asked of the stream with Direct Get ``multi_last`` (at most 1,024 keys a request)."""
@@ -181,7 +188,8 @@ def _latest(conn: Connection, rows: pa.RecordBatch, view: KvView) -> pa.Array:
     latest: dict[str, int] = {}
     for low in range(0, len(distinct), 1024):
         subjects = [view.prefix + key for key in distinct[low : low + 1024]]
-        for subject, seq in last_seqs(conn, kv_stream(view.bucket), subjects, view.latest_as_of or 0).items():
+        answered = last_seqs(conn, kv_stream(view.bucket), subjects, view.latest_as_of or 0, MULTI_LAST_BYTES)
+        for subject, seq in answered.items():
             latest[subject[len(view.prefix) :]] = seq
     wanted = pa.array([latest.get(key, -1) for key in keys], pa.int64())
     return pc.equal(rows.column("revision"), wanted)
