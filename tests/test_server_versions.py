@@ -258,3 +258,29 @@ def test_read_mode_direct_reads_or_names_the_version_it_needs(spark, versioned_s
         f"runs version {version}, but batched Direct Get requires nats-server 2.11 or newer: upgrade the server, or "
         "set readMode to auto or pull to read through consumers." in error_text(caught.value)
     )
+
+
+def test_timestamps_name_the_same_messages_on_every_release(spark, versioned_server):
+    """A batch read between two times reads what was published between them. 2.10 answers ``STREAM.MSG.GET`` with
+    ``start_time`` by the stream's first message (a read from a time read everything, one between two times nothing):
+    there a consumer ``by_start_time`` tells the seq."""
+    import time
+    from datetime import UTC, datetime
+
+    _, server = versioned_server
+    api = _api(server)
+    api.create_stream({"name": "TIMED", "subjects": ["timed.>"]})
+    try:
+        marks = []
+        for lot, count in enumerate((100, 300, 100)):
+            if lot:
+                time.sleep(0.05)
+                marks.append(datetime.now(UTC).isoformat())
+                time.sleep(0.05)
+            publish_all(api.conn, ((f"timed.{lot}", f"{lot}-{i}".encode(), None) for i in range(count)))
+        df = spark.read.format("jetstream").options(servers=server.url, stream="TIMED")
+        between = df.options(startingTimestamp=marks[0], endingTimestamp=marks[1]).load()
+        assert sorted(row.seq for row in between.select("seq").collect()) == list(range(101, 401))
+        assert api.consumer_names("TIMED") == []  # 2.10's probes are gone
+    finally:
+        api.delete_stream("TIMED")

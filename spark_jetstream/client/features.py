@@ -1,10 +1,13 @@
 """What each nats-server version can carry, asked of the server a connection is on.
 
 Every use needs nats-server 2.10 or newer (the oldest release tested: ephemeral consumers with
-``filter_subjects``, ``STREAM.MSG.GET`` with ``next_by_subj`` and ``start_time``, pulls with ``max_bytes`` and
-heartbeats, ``Nats-Msg-Id`` and KV buckets all work there). Two features need more, each refused at the start of
-the read that needs it with the feature, the server's version and the version needed (decision 0019, which has
-what each release answered):
+``filter_subjects``, ``STREAM.MSG.GET`` with ``next_by_subj``, pulls with ``max_bytes`` and heartbeats,
+``Nats-Msg-Id`` and KV buckets all work there). Some features need more, refused at the start of the read that needs
+them with the feature, the server's version and the version needed (decision 0019, which has what each release
+answered), or done another way:
+
+- a message by time (``STREAM.MSG.GET`` with ``start_time``): 2.11. 2.10 ignores ``start_time`` and answers the
+  stream's first message; there a consumer ``by_start_time`` tells the seq (``read.start.seq_at``).
 
 - batched Direct Get (``batch`` in a ``DIRECT.GET`` request): 2.11. A 2.10 server ignores ``batch`` and answers
   one message without an end-of-batch status, so reads there go through consumers.
@@ -41,6 +44,7 @@ class Feature:
 
 
 ANY_USE = Feature("spark-jetstream", (2, 10, 0))
+MESSAGE_BY_TIME = Feature("STREAM.MSG.GET by start_time", (2, 11, 0))
 BATCHED_DIRECT_GET = Feature("batched Direct Get", (2, 11, 0))
 ATOMIC_BATCHES = Feature("atomic batch publish", (2, 12, 0))
 GROUPS = Feature("consumer groups (priority-group pins and consumer RESET)", (2, 14, 5))

@@ -4,14 +4,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
 from spark_jetstream.client import messages
 from spark_jetstream.client.connection import Connection
+from spark_jetstream.client.features import MESSAGE_BY_TIME
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.errors import DataLossError, GroupConfigError
+from spark_jetstream.errors import ApiError, DataLossError, GroupConfigError
 from spark_jetstream.groups.layout import GroupLayout
 from spark_jetstream.read.ranges import MemberRange, SeqRange, SmallBatch
 
@@ -20,8 +23,18 @@ log = logging.getLogger(__name__)
 
 def seq_at(api: JetStreamApi, stream: str, when: datetime, last_seq: int) -> int:
     """The seq of the first message stored at or after ``when`` (``last_seq + 1`` if none), asked of the stream
-    leader: every read mode answers a timestamp alike, with or without Direct Get."""
+    leader: every read mode answers a timestamp alike, with or without Direct Get. nats-server 2.10 ignores
+    ``start_time`` in ``STREAM.MSG.GET`` (it answers the first message): there a consumer ``by_start_time``, made and
+    deleted at once, tells the seq before it (its ``delivered.stream_seq``)."""
     stamp = when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    if not api.conn.supports(MESSAGE_BY_TIME):
+        probe = f"spark-time-{uuid.uuid4().hex[:12]}"
+        config = {"name": probe, "deliver_policy": "by_start_time", "opt_start_time": stamp, "ack_policy": "none",
+                  "mem_storage": True, "num_replicas": 1, "inactive_threshold": 10 * 1_000_000_000}  # fmt: skip
+        info = api.create_consumer(stream, config)
+        with contextlib.suppress(ApiError):
+            api.delete_consumer(stream, probe)
+        return min(int(info["delivered"]["stream_seq"]) + 1, last_seq + 1)
     found = messages.next_seq(api, stream, {"start_time": stamp, "next_by_subj": ">"})
     return found if found is not None else last_seq + 1
 
