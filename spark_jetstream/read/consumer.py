@@ -61,6 +61,23 @@ _CONSUMER_GONE = ("Consumer Deleted", "Leadership Change", "Server Shutdown")
 """409 statuses after which the read goes on with a new consumer (503: there is none, or it has no server)."""
 
 
+def ephemeral_config(
+    name: str, description: str, inactive: float = INACTIVE_THRESHOLD, **delivery: Any
+) -> dict[str, Any]:
+    """A consumer of a read's own: named ``name``, delivering as ``delivery`` says, nothing to ack, in memory on one
+    server, removed by the server ``inactive`` seconds after its last pull (a task that died leaves nothing)."""
+    return {
+        "name": name,
+        "description": description,
+        **delivery,
+        "ack_policy": "none",
+        "replay_policy": "instant",
+        "mem_storage": True,
+        "num_replicas": 1,
+        "inactive_threshold": int(inactive * _NS),
+    }
+
+
 def check_consumer_reads(stream: str, stream_config: dict[str, Any], grouped: bool = False) -> None:
     """Refuse, before any task runs, a stream that cannot be read through a consumer of the read's own (``grouped``:
     a group query that reads by seq instead of pulling from its member consumers)."""
@@ -151,18 +168,13 @@ class _ConsumerRead:
         self._pull()
 
     def _config(self) -> dict[str, Any]:
-        """The consumer's config: the range's filter from ``last + 1``, nothing to ack, in memory on one server."""
-        config: dict[str, Any] = {
-            "name": self.consumer,
-            "description": f"spark-jetstream batch read of seqs {self.last + 1}..{self.range.end}",
-            "deliver_policy": "by_start_sequence",
-            "opt_start_seq": self.last + 1,
-            "ack_policy": "none",
-            "replay_policy": "instant",
-            "mem_storage": True,
-            "num_replicas": 1,
-            "inactive_threshold": int(INACTIVE_THRESHOLD * _NS),
-        }
+        """The consumer's config: the range's filter from ``last + 1``."""
+        config = ephemeral_config(
+            self.consumer,
+            f"spark-jetstream batch read of seqs {self.last + 1}..{self.range.end}",
+            deliver_policy="by_start_sequence",
+            opt_start_seq=self.last + 1,
+        )
         if self.range.filter != ">":
             config["filter_subject"] = self.range.filter
         return config

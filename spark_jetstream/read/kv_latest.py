@@ -52,7 +52,7 @@ from spark_jetstream.client import messages
 from spark_jetstream.client.connection import Connection
 from spark_jetstream.client.protocol import STATUS_PREFIX, Columns, status_of
 from spark_jetstream.errors import ReaderError
-from spark_jetstream.read.consumer import _NS, _ConsumerRead, read_by_consumer
+from spark_jetstream.read.consumer import _NS, _ConsumerRead, ephemeral_config, read_by_consumer
 from spark_jetstream.read.kv import key_prefix
 from spark_jetstream.read.ranges import SeqRange
 from spark_jetstream.read.rows import texts
@@ -128,17 +128,13 @@ class _LatestRead(_ConsumerRead):
         self._pull()
 
     def _config(self) -> dict[str, Any]:
-        return {
-            "name": self.consumer,
-            "description": f"spark-jetstream read of {self.filter}'s latest values up to seq {self.range.end}",
-            "deliver_policy": "last_per_subject",
-            "filter_subject": self.filter,
-            "ack_policy": "none",
-            "replay_policy": "instant",
-            "mem_storage": True,
-            "num_replicas": 1,
-            "inactive_threshold": int(INACTIVE_THRESHOLD * _NS),
-        }
+        return ephemeral_config(
+            self.consumer,
+            f"spark-jetstream read of {self.filter}'s latest values up to seq {self.range.end}",
+            INACTIVE_THRESHOLD,
+            deliver_policy="last_per_subject",
+            filter_subject=self.filter,
+        )
 
     async def _last_seq(self) -> int:
         return int((await self.api.stream_info_async(self.range.stream))["state"]["last_seq"])

@@ -16,6 +16,7 @@ from spark_jetstream.client.features import MESSAGE_BY_TIME
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import ApiError, DataLossError, GroupConfigError
 from spark_jetstream.groups.layout import GroupLayout
+from spark_jetstream.read.consumer import ephemeral_config
 from spark_jetstream.read.ranges import MemberRange, SeqRange, SmallBatch
 
 log = logging.getLogger(__name__)
@@ -29,9 +30,10 @@ def seq_at(api: JetStreamApi, stream: str, when: datetime, last_seq: int) -> int
     stamp = when.astimezone(UTC).isoformat().replace("+00:00", "Z")
     if not api.conn.supports(MESSAGE_BY_TIME):
         probe = f"spark-time-{uuid.uuid4().hex[:12]}"
-        config = {"name": probe, "deliver_policy": "by_start_time", "opt_start_time": stamp, "ack_policy": "none",
-                  "mem_storage": True, "num_replicas": 1, "inactive_threshold": 10 * 1_000_000_000}  # fmt: skip
-        info = api.create_consumer(stream, config)
+        what = f"spark-jetstream: the first seq at {stamp}"
+        info = api.create_consumer(
+            stream, ephemeral_config(probe, what, deliver_policy="by_start_time", opt_start_time=stamp)
+        )
         with contextlib.suppress(ApiError):
             api.delete_consumer(stream, probe)
         return min(int(info["delivered"]["stream_seq"]) + 1, last_seq + 1)
