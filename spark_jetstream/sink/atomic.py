@@ -368,8 +368,9 @@ class AtomicWriter:
                     "between attempts (a plan that is not deterministic, such as one after a shuffle)."
                 )
             if stored > start:  # another attempt stored a shorter chunk: the same rows?
-                self._check(marker, stored, _print_at(before, slices, stored - start))
-            slices, start, before = _drop(slices, stored - start), stored, _print_at(before, slices, stored - start)
+                before = _print_at(before, slices, stored - start)
+                self._check(marker, stored, before)
+                slices, start = _drop(slices, stored - start), stored
             chunk = marker.chunk + 1 if marker.batch == self.batch_id else 0
             mine = Marker(0, self.batch_id, chunk, end, uuid.uuid4().hex, end_print)
             sent.add(mine.stored_by)
