@@ -384,11 +384,12 @@ def run_then_kill(args: list[str], ready: Callable[[], bool], timeout: float, po
         child.wait()
 
 
-KILL_CHAIN = ("plan#1", "plan#3", "commit#1", "latest#1")
+KILL_CHAIN = ("plan#1", "plan#3", "commit#2", "latest#1")
 """Where ``kill_chain`` kills a driver, one run after the other on one checkpoint: batch 0 planned and unread (its
 replay needs the start batch 0's end recorded); batch 2 planned after batch 0's replay and batch 1; one member's
-floor moved to batch 2's end and the others not; the sink committed batch 2 and the source has not acked it. Every
-restart path of a query with a group (``streaming/faults.py`` names the points)."""
+floor moved to batch 2's end and the others not (the run's second floor move: its first is the restart's
+reconciliation to batch 1's end); the sink committed batch 2 and the source has not acked it. Every restart path of a
+query with a group (``streaming/faults.py`` names the points)."""
 
 
 def kill_chain(args: list[str], points: tuple[str, ...], marker_dir: Path, env: dict[str, str] | None = None) -> None:
