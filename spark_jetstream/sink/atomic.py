@@ -167,8 +167,10 @@ class RowPrint:
     def update(self, piece: pa.RecordBatch) -> None:
         for index, (lengths, values) in zip(self.columns, self.hashes, strict=True):
             column = piece.column(index)
-            sizes = pc.binary_length(column).fill_null(-1).cast(pa.int64())
-            lengths.update(memoryview(sizes.buffers()[1])[sizes.offset * 8 : (sizes.offset + len(sizes)) * 8])
+            sizes = pc.binary_length(column)  # int32 (int64 for large_binary); a null is -1, apart from b""
+            sizes = sizes.fill_null(-1) if sizes.null_count else sizes
+            width = sizes.type.byte_width
+            lengths.update(memoryview(sizes.buffers()[1])[sizes.offset * width : (sizes.offset + len(sizes)) * width])
             offsets = memoryview(column.buffers()[1]).cast("q" if pa.types.is_large_binary(column.type) else "i")
             data = column.buffers()[2]
             if data is not None:
