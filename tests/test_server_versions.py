@@ -263,7 +263,7 @@ def test_read_mode_direct_reads_or_names_the_version_it_needs(spark, versioned_s
 def test_timestamps_name_the_same_messages_on_every_release(spark, versioned_server):
     """A batch read between two times reads what was published between them. 2.10 answers ``STREAM.MSG.GET`` with
     ``start_time`` by the stream's first message (a read from a time read everything, one between two times nothing):
-    there a consumer ``by_start_time`` tells the seq."""
+    there the leader's messages are searched by seq."""
     import time
     from datetime import UTC, datetime
 
@@ -281,6 +281,6 @@ def test_timestamps_name_the_same_messages_on_every_release(spark, versioned_ser
         df = spark.read.format("jetstream").options(servers=server.url, stream="TIMED")
         between = df.options(startingTimestamp=marks[0], endingTimestamp=marks[1]).load()
         assert sorted(row.seq for row in between.select("seq").collect()) == list(range(101, 401))
-        assert api.consumer_names("TIMED") == []  # 2.10's probes are gone
+        assert api.consumer_names("TIMED") == []  # nothing made on the server
     finally:
         api.delete_stream("TIMED")

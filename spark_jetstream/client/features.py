@@ -7,7 +7,7 @@ them with the feature, the server's version and the version needed (decision 001
 answered), or done another way:
 
 - a message by time (``STREAM.MSG.GET`` with ``start_time``): 2.11. 2.10 ignores ``start_time`` and answers the
-  stream's first message; there a consumer ``by_start_time`` tells the seq (``read.start.seq_at``).
+  stream's first message; there the leader's messages are searched by seq (``read.start.seq_at``).
 
 - batched Direct Get (``batch`` in a ``DIRECT.GET`` request): 2.11. A 2.10 server ignores ``batch`` and answers
   one message without an end-of-batch status, so reads there go through consumers.

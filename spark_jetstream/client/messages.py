@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from nats.errors import ConnectionClosedError
@@ -76,6 +77,13 @@ async def stored_message_async(api: JetStreamApi, stream: str, request: dict[str
         raise
     message: dict[str, Any] = reply["message"]
     return message
+
+
+def stored_time_ns(message: dict[str, Any]) -> int:
+    """A ``stored_message_async`` message's ``time`` (RFC 3339 with nanosecond digits, ``Z``) in ns since the epoch."""
+    whole, _, fraction = message["time"].rstrip("Z").partition(".")
+    seconds = int(datetime.fromisoformat(whole + "+00:00").timestamp())
+    return seconds * 1_000_000_000 + int((fraction + "000000000")[:9])
 
 
 async def next_on_leader(api: JetStreamApi, stream: str, subject: str, after: int) -> int | None:

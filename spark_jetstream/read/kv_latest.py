@@ -43,7 +43,6 @@ import json
 import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -52,7 +51,7 @@ from spark_jetstream.client import messages
 from spark_jetstream.client.connection import Connection
 from spark_jetstream.client.protocol import STATUS_PREFIX, Columns, status_of
 from spark_jetstream.errors import ReaderError
-from spark_jetstream.read.consumer import _NS, _ConsumerRead, ephemeral_config, read_by_consumer
+from spark_jetstream.read.consumer import _ConsumerRead, ephemeral_config, read_by_consumer
 from spark_jetstream.read.kv import key_prefix
 from spark_jetstream.read.ranges import SeqRange
 from spark_jetstream.read.rows import texts
@@ -82,13 +81,6 @@ def read_latest(conn: Connection, seq_range: SeqRange) -> Iterator[pa.RecordBatc
     that has one, deletes and purges included (``read.kv`` keeps the live ones), as record batches of the source's
     schema; not in seq order."""
     yield from read_by_consumer(conn, seq_range, _LatestRead)
-
-
-def _nanos(text: str) -> int:
-    """RFC 3339 (``STREAM.MSG.GET``'s ``time``, nanosecond digits, ``Z``) -> ns since the epoch."""
-    whole, _, fraction = text.rstrip("Z").partition(".")
-    seconds = int(datetime.fromisoformat(whole + "+00:00").timestamp())
-    return seconds * _NS + int((fraction + "000000000")[:9])
 
 
 class _LatestRead(_ConsumerRead):
@@ -183,7 +175,9 @@ class _LatestRead(_ConsumerRead):
             if message is not None:
                 headers = base64.b64decode(message["hdrs"]) if message.get("hdrs") else None
                 data = base64.b64decode(message.get("data") or "")
-                self.batches.add(message["subject"].encode(), data, message["seq"], _nanos(message["time"]), headers)
+                self.batches.add(
+                    message["subject"].encode(), data, message["seq"], messages.stored_time_ns(message), headers
+                )
 
         await asyncio.gather(*(latest(key) for key in keys))
         self._pull()

@@ -4,19 +4,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from spark_jetstream.client import messages
 from spark_jetstream.client.connection import Connection
 from spark_jetstream.client.features import MESSAGE_BY_TIME
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.errors import ApiError, DataLossError, GroupConfigError
+from spark_jetstream.errors import DataLossError, GroupConfigError
 from spark_jetstream.groups.layout import GroupLayout
-from spark_jetstream.read.consumer import ephemeral_config
 from spark_jetstream.read.ranges import MemberRange, SeqRange, SmallBatch
 
 log = logging.getLogger(__name__)
@@ -25,20 +22,33 @@ log = logging.getLogger(__name__)
 def seq_at(api: JetStreamApi, stream: str, when: datetime, last_seq: int) -> int:
     """The seq of the first message stored at or after ``when`` (``last_seq + 1`` if none), asked of the stream
     leader: every read mode answers a timestamp alike, with or without Direct Get. nats-server 2.10 ignores
-    ``start_time`` in ``STREAM.MSG.GET`` (it answers the first message): there a consumer ``by_start_time``, made and
-    deleted at once, tells the seq before it (its ``delivered.stream_seq``)."""
+    ``start_time`` in ``STREAM.MSG.GET`` (it answers the first message): there the leader's messages are searched by
+    seq, their times growing with it (``_seq_at_by_search``)."""
     stamp = when.astimezone(UTC).isoformat().replace("+00:00", "Z")
     if not api.conn.supports(MESSAGE_BY_TIME):
-        probe = f"spark-time-{uuid.uuid4().hex[:12]}"
-        what = f"spark-jetstream: the first seq at {stamp}"
-        info = api.create_consumer(
-            stream, ephemeral_config(probe, what, deliver_policy="by_start_time", opt_start_time=stamp)
-        )
-        with contextlib.suppress(ApiError):
-            api.delete_consumer(stream, probe)
-        return min(int(info["delivered"]["stream_seq"]) + 1, last_seq + 1)
+        return api.conn.run(_seq_at_by_search(api, stream, when, last_seq))
     found = messages.next_seq(api, stream, {"start_time": stamp, "next_by_subj": ">"})
     return found if found is not None else last_seq + 1
+
+
+async def _seq_at_by_search(api: JetStreamApi, stream: str, when: datetime, last_seq: int) -> int:
+    """``seq_at`` by bisection over seqs on the stream leader: about log2(last_seq) ``STREAM.MSG.GET`` requests, each
+    for the first message at or after a seq (interior deletes skipped)."""
+    wanted = (when.astimezone(UTC) - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1) * 1000
+
+    async def first_from(seq: int) -> dict[str, Any] | None:
+        return await messages.stored_message_async(api, stream, {"seq": seq, "next_by_subj": ">"})
+
+    low, high = 1, last_seq + 1  # the smallest seq from which the next message is stored at or after ``when``
+    while low < high:
+        middle = (low + high) // 2
+        message = await first_from(middle)
+        if message is None or messages.stored_time_ns(message) >= wanted:
+            high = middle
+        else:
+            low = middle + 1
+    message = await first_from(low) if low <= last_seq else None
+    return int(message["seq"]) if message is not None else last_seq + 1
 
 
 async def member_infos_async(api: JetStreamApi, layout: GroupLayout) -> dict[str, dict[str, Any] | None]:
