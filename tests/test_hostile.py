@@ -104,5 +104,7 @@ def test_odd_subjects_headers_and_payload_sizes_come_back_exactly(big_server, mo
     )
     assert [row for batch in read_range(conn, seq_range) for row in batch.to_pylist()] == rows
     # Replies the bulk parser does not recognise (another server version's headers) take the per-message path.
-    monkeypatch.setattr(direct, "direct_replies_handler", lambda sid, keep, keep_headers: lambda buf, view, pos: pos)
+    monkeypatch.setattr(
+        direct, "direct_replies_handler", lambda sid, stream, keep, keep_headers: lambda buf, view, pos: pos
+    )
     assert [row for batch in read_range(conn, seq_range) for row in batch.to_pylist()] == rows

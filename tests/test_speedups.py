@@ -67,7 +67,9 @@ Kind = str  # "deliveries" or "direct": which handler of a ``BulkParsers``
 
 
 def handler_maker(parsers: BulkParsers, kind: Kind) -> Callable[..., protocol.BulkHandler]:
-    return parsers.deliveries_handler if kind == "deliveries" else parsers.direct_replies_handler
+    if kind == "deliveries":
+        return parsers.deliveries_handler
+    return lambda sid, target, keep: parsers.direct_replies_handler(sid, b"S", target, keep)
 
 
 GUARDS = sys.platform.startswith("linux")
@@ -234,9 +236,12 @@ def direct_reply(
     last: int | None = None,
     subject: bytes = b"1.ev.k1",
     sid: int = SID,
+    stream: bytes = b"S",
 ) -> bytes:
-    """A Direct Get reply as nats-server 2.11-2.15 writes it: the message's own headers, then the server's."""
-    server = b"Nats-Stream: S\r\nNats-Subject: %s\r\nNats-Sequence: %d\r\nNats-Time-Stamp: %s\r\n" % (
+    """A Direct Get reply of ``stream`` as nats-server 2.11-2.15 writes it: the message's own headers, then the
+    server's."""
+    server = b"Nats-Stream: %s\r\nNats-Subject: %s\r\nNats-Sequence: %d\r\nNats-Time-Stamp: %s\r\n" % (
+        stream,
         subject,
         seq,
         TIME,
@@ -251,7 +256,7 @@ def direct_reply(
 
 def direct_replies(rng: random.Random, count: int, payload: bytes | None = None) -> list[bytes]:
     """``count`` messages on a Direct Get inbox: replies (own headers, with and without pending and last seq),
-    statuses, and another subscription's replies between them."""
+    statuses, and another subscription's replies and a mirror's (stream ``M``) between them."""
     messages = []
     for seq in range(1, count + 1):
         draw = rng.random()
@@ -263,7 +268,8 @@ def direct_replies(rng: random.Random, count: int, payload: bytes | None = None)
         own = rng.choice([*OWN_HEADERS, b"NATS/1.0\r\nNats-Stream: fake\r\nNats-Sequence: 999\r\n\r\n"])
         pending = rng.choice([None, 0, count - seq])
         last = rng.choice([None, None, seq + 100])
-        messages.append(direct_reply(seq, data, own, pending, last, rng.choice(SUBJECTS), sid))
+        stream = b"M" if rng.random() < 0.04 else b"S"
+        messages.append(direct_reply(seq, data, own, pending, last, rng.choice(SUBJECTS), sid, stream))
     return messages
 
 
@@ -421,7 +427,10 @@ HOSTILE_REPLIES = [
     edited(b"Nats-Subject: 1.ev.k1", b"Nats-Subject: "),
     edited(b"Nats-Subject: 1.ev.k1", "Nats-Subject: ü 🚀 \x00".encode()),
     edited(b"Nats-Time-Stamp: ", b"Nats-Time-Stamp:"),
-    edited(b"Nats-Stream: S", b"Nats-Stream: "),  # an empty stream name is read
+    edited(b"Nats-Stream: S", b"Nats-Stream: "),
+    edited(b"Nats-Stream: S", b"Nats-Stream: M"),  # a mirror's reply
+    edited(b"Nats-Stream: S", b"Nats-Stream: SS"),
+    edited(b"Nats-Stream: S\r\n", b"Nats-Stream: \r\nNats-Stream: S\r\n"),
     edited(b"Nats-Stream: S\r\n", b"Nats-Stream: S\n"),
     edited(b"Nats-Stream: S\r\n", b"Nats-Stream: S\r"),
     edited(b"NATS/1.0\r\n", b"NATS/1.0 200\r\n"),
@@ -650,7 +659,7 @@ def test_the_log_says_once_which_handlers_parse(monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger=protocol.__name__)
     for _ in range(3):
         protocol.deliveries_handler(SID, target("deliveries", False), print)
-        protocol.direct_replies_handler(SID, target("direct", False), print)
+        protocol.direct_replies_handler(SID, b"S", target("direct", False), print)
     said = [record.getMessage() for record in caplog.records if "bulk handlers" in record.getMessage()]
     assert said == [
         f"spark-jetstream parses messages with its {protocol.BULK.name} bulk handlers"

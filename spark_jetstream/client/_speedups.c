@@ -35,7 +35,10 @@ typedef struct {
     PyObject *callback; /* deliver (deliveries) or keep (Direct Get replies) */
     int kind;
     Py_ssize_t sid_len;
-    char sid[32]; /* the subscription's id as the protocol line writes it (b"%d" % sid) */
+    char sid[32];       /* the subscription's id as the protocol line writes it (b"%d" % sid) */
+    PyObject *stream;   /* Direct Get replies: the name they must carry in Nats-Stream (bytes, held); else NULL */
+    const char *stream_text; /* its bytes */
+    Py_ssize_t stream_len;
 } Handler;
 
 static PyObject *handler_type; /* set once by the module's init */
@@ -535,14 +538,13 @@ typedef struct {
  * blank line, so the regex has no other way to match.
  */
 static int
-match_server_headers(const unsigned char *b, Py_ssize_t n, Py_ssize_t i, Reply *r)
+match_server_headers(const unsigned char *b, Py_ssize_t n, Py_ssize_t i, const Handler *h, Reply *r)
 {
-    Span stream, last;
+    Span last;
     Py_ssize_t j;
 
-    if (!SKIP("Nats-Stream: "))
-        return 0;
-    run_field(b, n, &i, 0, &stream); /* may be empty: [^\r\n]*+ */
+    if (!SKIP("Nats-Stream: ") || !skip(b, n, &i, h->stream_text, h->stream_len))
+        return 0; /* another stream's reply (a mirror's) is not taken: the regex's escaped name */
     if (!SKIP("\r\nNats-Subject: ") || !run_field(b, n, &i, 0, &r->subject))
         return 0;
     if (!SKIP("\r\nNats-Sequence: ") || !digits_field(b, n, &i, &r->seq))
@@ -586,7 +588,7 @@ match_direct(const unsigned char *b, Py_ssize_t n, Py_ssize_t i, const Handler *
     if (!SKIP("NATS/1.0\r\n"))
         return 0;
     for (;;) { /* each turn moves on by a whole line: at least its CRLF */
-        if (match_server_headers(b, n, i, r)) {
+        if (match_server_headers(b, n, i, h, r)) {
             r->own_end = i;
             return 1;
         }
@@ -699,6 +701,7 @@ handler_traverse(PyObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(((Handler *)self)->target);
     Py_VISIT(((Handler *)self)->callback);
+    Py_VISIT(((Handler *)self)->stream);
     Py_VISIT(Py_TYPE(self)); /* a heap type: its instances hold it */
     return 0;
 }
@@ -708,6 +711,7 @@ handler_clear(PyObject *self)
 {
     Py_CLEAR(((Handler *)self)->target);
     Py_CLEAR(((Handler *)self)->callback);
+    Py_CLEAR(((Handler *)self)->stream);
     return 0;
 }
 
@@ -740,13 +744,8 @@ static PyType_Spec handler_spec = {
 };
 
 static PyObject *
-new_handler(int kind, PyObject *args, PyObject *kwargs, char **names, const char *format)
+new_handler(int kind, long long sid, PyObject *stream, PyObject *target, PyObject *callback)
 {
-    long long sid;
-    PyObject *target, *callback;
-
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, format, names, &sid, &target, &callback))
-        return NULL;
     allocfunc alloc = (allocfunc)PyType_GetSlot((PyTypeObject *)handler_type, Py_tp_alloc);
     Handler *h = (Handler *)alloc((PyTypeObject *)handler_type, 0);
     if (h == NULL)
@@ -755,6 +754,15 @@ new_handler(int kind, PyObject *args, PyObject *kwargs, char **names, const char
     h->sid_len = PyOS_snprintf(h->sid, sizeof(h->sid), "%lld", sid);
     h->target = Py_NewRef(target);
     h->callback = Py_NewRef(callback);
+    if (stream != NULL) {
+        char *text;
+        h->stream = Py_NewRef(stream);
+        if (PyBytes_AsStringAndSize(stream, &text, &h->stream_len) < 0) {
+            Py_DECREF(h);
+            return NULL;
+        }
+        h->stream_text = text;
+    }
     return (PyObject *)h;
 }
 
@@ -762,23 +770,32 @@ static PyObject *
 deliveries_handler(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"sid", "target", "deliver", NULL};
+    long long sid;
+    PyObject *target, *callback;
     (void)module;
-    return new_handler(DELIVERIES, args, kwargs, names, "LOO:deliveries_handler");
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LOO:deliveries_handler", names, &sid, &target, &callback))
+        return NULL;
+    return new_handler(DELIVERIES, sid, NULL, target, callback);
 }
 
 static PyObject *
 direct_replies_handler(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *names[] = {"sid", "target", "keep", NULL};
+    static char *names[] = {"sid", "stream", "target", "keep", NULL};
+    long long sid;
+    PyObject *stream, *target, *callback;
     (void)module;
-    return new_handler(DIRECT_REPLIES, args, kwargs, names, "LOO:direct_replies_handler");
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LSOO:direct_replies_handler", names, &sid, &stream, &target,
+                                     &callback))
+        return NULL;
+    return new_handler(DIRECT_REPLIES, sid, stream, target, callback);
 }
 
 static PyMethodDef methods[] = {
     {"deliveries_handler", (PyCFunction)(void (*)(void))deliveries_handler, METH_VARARGS | METH_KEYWORDS,
      "deliveries_handler(sid, target, deliver): protocol.deliveries_handler_py, compiled."},
     {"direct_replies_handler", (PyCFunction)(void (*)(void))direct_replies_handler, METH_VARARGS | METH_KEYWORDS,
-     "direct_replies_handler(sid, target, keep): protocol.direct_replies_handler_py, compiled."},
+     "direct_replies_handler(sid, stream, target, keep): protocol.direct_replies_handler_py, compiled."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -46,10 +46,14 @@ async def last_message_async(api: JetStreamApi, stream: str, subject: str) -> Di
         if exc.err_code == NO_MESSAGE_FOUND:
             return None
         raise
-    message = reply["message"]
+    return _taken(reply["message"])
+
+
+def _taken(message: dict[str, Any]) -> DirectMessage:
+    """A ``STREAM.MSG.GET`` message as a ``DirectMessage``."""
     headers = dict(header_fields(base64.b64decode(message["hdrs"]))) if message.get("hdrs") else {}
     return DirectMessage(
-        seq=message["seq"],
+        seq=int(message["seq"]),
         subject=message["subject"],
         num_pending=None,
         data=base64.b64decode(message.get("data") or ""),
@@ -215,12 +219,17 @@ async def direct_gets_async(api: JetStreamApi, stream: str, request: dict[str, A
     minutes) is lost (late replies to an earlier attempt are ignored)."""
     conn = api.conn
     started = time.monotonic()
-    attempts = stalled = 0
+    attempts = stalled = foreign = 0
     while True:
         found = await _direct_gets_once(api, stream, request, conn.direct_wait(stalled))
         attempts += 1
-        if found is not None:
+        if isinstance(found, DirectAnswer):
             return found
+        if found is not None:  # another stream answered: a mirror (``read.direct``), asked again
+            foreign += 1
+            if foreign >= FOREIGN_RETRIES:
+                return await _ask_leader(api, stream, request, found)
+            continue
         stalled += await conn.asked_too_soon()
         if (refused := conn.client.refused(f"{api.prefix}.DIRECT.GET.{stream}", started)) is not None:
             raise NotPermittedError(not_permitted(*refused, f"stream {stream!r}"))
@@ -235,11 +244,32 @@ async def direct_gets_async(api: JetStreamApi, stream: str, request: dict[str, A
             )
 
 
+FOREIGN_RETRIES = 16
+"""Direct Get answers in a row from another stream (a mirror) before the stream leader is asked instead: with the
+origin and two mirrors answering on one server, 16 mirror answers in a row happen once in 660 requests; where only a
+mirror is on the connected server (it always answers: the server prefers its own subscribers), every one."""
+
+
+async def _ask_leader(api: JetStreamApi, stream: str, request: dict[str, Any], mirror: str) -> DirectAnswer:
+    """``request`` asked of the stream leader (``STREAM.MSG.GET``: one message) after its mirror ``mirror`` kept
+    answering the Direct Gets; a ``multi_last`` request, which the leader's API does not take, is refused with a
+    sentence."""
+    if "multi_last" in request:
+        raise ApiError(
+            f"Direct Gets of stream {stream!r} through {api.conn.server_url} are answered by its mirror {mirror!r} "
+            f"({FOREIGN_RETRIES} times in a row), which may lag or hold only part of it: connect to a server that "
+            f"holds {stream!r} itself."
+        )
+    asked = {key: value for key, value in request.items() if key not in ("batch", "max_bytes")}
+    message = await stored_message_async(api, stream, asked)
+    return DirectAnswer([] if message is None else [_taken(message)])
+
+
 async def _direct_gets_once(
     api: JetStreamApi, stream: str, request: dict[str, Any], first_wait: float
-) -> DirectAnswer | None:
+) -> DirectAnswer | str | None:
     """One attempt of ``direct_gets_async``: None when the first reply did not come within ``first_wait`` s, or a
-    later one within ``DIRECT_ATTEMPT``."""
+    later one within ``DIRECT_ATTEMPT``; the answering stream's name when another stream (a mirror) answered."""
     subject = f"{api.prefix}.DIRECT.GET.{stream}"
     inbox = api.conn.client.new_inbox()
     sub = await api.conn.client.subscribe(inbox)
@@ -270,6 +300,8 @@ async def _direct_gets_once(
                 )
             if status:
                 raise ApiError(f"Direct Get on stream {stream!r}: {status} {headers.get('Description', '')}")
+            if (answered := headers.get("Nats-Stream", stream)) != stream:
+                return answered
             pending = headers.get("Nats-Num-Pending")
             found.append(
                 DirectMessage(
@@ -288,14 +320,18 @@ async def _direct_gets_once(
 
 
 def last_seqs(conn: Connection, stream: str, subjects: list[str], up_to_seq: int, max_bytes: int) -> dict[str, int]:
-    """The seq of the last message up to ``up_to_seq`` on each of ``subjects`` (at most 1,024) that has one: Direct
-    Get ``multi_last`` (nats-server 2.11+) of ``max_bytes`` at most, asked again for the subjects not answered while
-    the server says it left some out (it stops at the request's ``max_bytes``, and at 64 MiB whatever it asks: 1,024
-    values of 68 KB lost 65 keys)."""
-    api, latest, left = JetStreamApi(conn), {}, list(subjects)
+    """The seq of the last message up to ``up_to_seq`` on each of ``subjects`` (at most 1,024, each holding one) that
+    has one: Direct Get ``multi_last`` (nats-server 2.11+) of ``max_bytes`` at most, asked again for the subjects not
+    answered while the server says it left some out (it stops at the request's ``max_bytes``, and at 64 MiB whatever
+    it asks: 1,024 values of 68 KB lost 65 keys). An answer of none is asked again (``FOREIGN_RETRIES``): a mirror
+    that holds none of them answers "not found" without its name."""
+    api, latest, left, empty = JetStreamApi(conn), {}, list(subjects), 0
     while left:
         request = {"multi_last": left, "up_to_seq": up_to_seq, "batch": len(left), "max_bytes": max_bytes}
         answer = conn.run(direct_gets_async(api, stream, request))
+        if not answer.messages and empty < FOREIGN_RETRIES:
+            empty += 1
+            continue
         latest.update((message.subject, message.seq) for message in answer.messages)
         if not answer.left or not answer.messages:
             return latest

@@ -313,23 +313,25 @@ DIRECT_HEADERS = b"\r\nNats-Stream: "
 _DIRECT_REPLY = (
     rb"HMSG [^ \r\n]++ %d (\d++) (\d++)\r\n"  # <inbox> <sid> <header size> <size>
     rb"NATS/1\.0\r\n(?:[^\r\n]*+\r\n)*?"  # the message's own headers, if any (a status has a code: no match)
-    rb"Nats-Stream: [^\r\n]*+\r\nNats-Subject: ([^\r\n]++)\r\nNats-Sequence: (\d++)\r\n"
+    rb"Nats-Stream: %s\r\nNats-Subject: ([^\r\n]++)\r\nNats-Sequence: (\d++)\r\n"
     rb"Nats-Time-Stamp: ([^\r\n]++)\r\n(?:Nats-Num-Pending: (\d++)\r\n)?(?:Nats-Last-Sequence: \d++\r\n)?\r\n"
 )
-"""One Direct Get reply to subscription ``%d`` up to its payload, as nats-server 2.11-2.15 writes it: the protocol line,
-then the server's headers after the message's own; the blank line that ends a header block can only be its end. A
-reply it does not match exactly goes to the per-message handler."""
+"""One Direct Get reply to subscription ``%d`` from stream ``%s`` up to its payload, as nats-server 2.11-2.15 writes it:
+the protocol line, then the server's headers after the message's own; the blank line that ends a header block can only
+be its end. A reply it does not match exactly (one from a mirror: it names the mirror) goes to the per-message
+handler."""
 
 
-def direct_replies_handler_py(sid: int, target: Target, keep: Keep) -> BulkHandler:
-    """The bulk handler of a Direct Get inbox: runs of replies parsed straight from the read buffer, one regex match
-    each, appended to ``target.rows`` (times as the server's RFC 3339 text; where the rows keep header blocks, each
-    reply's own) and handed to ``keep`` as one run (decisions 0011 and 0033). It stops at anything else (a status, a
-    reply it does not recognise, another subscription's message), at a reply not yet complete, at one whose sizes
-    disagree with its header block (the per-message path then has it, by its sizes) and before one whose seq is not
-    above the one before it or does not fit in 64 bits. The pure-Python implementation: ``direct_replies_handler``
+def direct_replies_handler_py(sid: int, stream: bytes, target: Target, keep: Keep) -> BulkHandler:
+    """The bulk handler of a Direct Get inbox for ``stream``: runs of its replies parsed straight from the read
+    buffer, one regex match each, appended to ``target.rows`` (times as the server's RFC 3339 text; where the rows
+    keep header blocks, each reply's own) and handed to ``keep`` as one run (decisions 0011 and 0033). It stops at
+    anything else (a status, a reply it does not recognise, another subscription's message), at a reply not yet
+    complete, at one whose sizes disagree with its header block (the per-message path then has it, by its sizes), at
+    one from another stream (a mirror answers its origin's Direct Gets with what it holds) and before one whose seq is
+    not above the one before it or does not fit in 64 bits. The pure-Python implementation: ``direct_replies_handler``
     is this or its compiled twin."""
-    match = re.compile(_DIRECT_REPLY % sid).match
+    match = re.compile(_DIRECT_REPLY % (sid, re.escape(stream))).match
     no_headers = len(HEADER_START)  # a block up to the server's headers this long: the message had none
 
     def take(buf: bytearray, view: memoryview, pos: int) -> int:
@@ -383,7 +385,7 @@ class BulkParsers(NamedTuple):
 
     name: str
     deliveries_handler: Callable[[int, Target, Deliver], BulkHandler]
-    direct_replies_handler: Callable[[int, Target, Keep], BulkHandler]
+    direct_replies_handler: Callable[[int, bytes, Target, Keep], BulkHandler]
 
 
 PURE = BulkParsers("pure-Python", deliveries_handler_py, direct_replies_handler_py)
@@ -426,10 +428,10 @@ def deliveries_handler(sid: int, target: Target, deliver: Deliver) -> BulkHandle
     return BULK.deliveries_handler(sid, target, deliver)
 
 
-def direct_replies_handler(sid: int, target: Target, keep: Keep) -> BulkHandler:
+def direct_replies_handler(sid: int, stream: bytes, target: Target, keep: Keep) -> BulkHandler:
     """``direct_replies_handler_py``'s handler, compiled or pure (``BULK``)."""
     _announce(BULK.name)
-    return BULK.direct_replies_handler(sid, target, keep)
+    return BULK.direct_replies_handler(sid, stream, target, keep)
 
 
 def unreadable_delivery(what: str, reply: bytes) -> str:

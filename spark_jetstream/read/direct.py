@@ -7,13 +7,18 @@ consumer's delivery state. Two attempts of one Spark task read the same immutabl
 side without disturbing each other. It needs ``allow_direct: true`` on the stream.
 
 Any replica may answer a Direct Get, so a read that seems complete is confirmed with one
-``STREAM.MSG.GET`` on the leader (a lagging replica would otherwise end the range early).
-Rows have the streaming source's schema (``read.rows``).
+``STREAM.MSG.GET`` on the leader (a lagging replica would otherwise end the range early). A mirror
+answers its origin's Direct Gets too (the server gives it ``mirror_direct`` from the origin's
+``allow_direct``), with what it holds: a filtered or shorter-retention or lagging mirror leaves
+messages out. Its replies name it (``Nats-Stream``): they are not taken, the batch is asked again,
+and where the mirror keeps answering (it is on the server the read is connected to) the batch is
+read from the leader one message at a time. Rows have the streaming source's schema (``read.rows``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import heapq
 import json
@@ -44,6 +49,8 @@ log = logging.getLogger(__name__)
 
 _NO_HEADERS = len(HEADER_START)  # a reply's header block up to the server's: the message had none
 _LAGGING_RETRIES = 50
+_LEADER_BATCH = 100
+"""Messages read from the leader one at a time (``_batch_from_leader``) before Direct Get is tried again."""
 
 
 def first_seqs(
@@ -132,6 +139,7 @@ class _DirectReader:
         self.api = JetStreamApi(conn)
         self.range = seq_range
         self.subject = self.api.subject("DIRECT", "GET", seq_range.stream)
+        self.stream = seq_range.stream.encode()
         self.last = seq_range.start  # highest seq read
         self.batches = RowBatches(
             seq_range.record_batch_size, seq_range.record_batch_bytes, seq_range.include_headers, text_times=True
@@ -144,6 +152,8 @@ class _DirectReader:
         self.pending: int | None = None  # matching messages after the last one, as the replica saw it
         self.error: str | None = None
         self.unavailable = False  # the last request got 503: nobody answers Direct Get right now
+        self.foreign: bytes | None = None  # the stream that answered the last request, where not this one (a mirror)
+        self.warned = False  # that a mirror answers for the stream (once a read)
         self.answered_at: float | None = None  # when the current request's first reply came (loop time)
         self.done = False
 
@@ -170,12 +180,11 @@ class _DirectReader:
             # The replica that answered has nothing more: make sure the leader agrees.
             if await self._leader_has_more():
                 lagging += 1
-                if lagging > _LAGGING_RETRIES:
-                    raise ReaderError(
-                        f"The replicas answering Direct Get on stream {self.range.stream!r} stay behind its leader "
-                        f"(seq {self.last} read, the leader has more up to {self.range.end}): retry later."
-                    )
-                await asyncio.sleep(0.1)
+                if lagging > _LAGGING_RETRIES:  # what answers stays behind (a mirror on this server): the leader
+                    await self._batch_from_leader(f"what answers Direct Get stays behind its leader at seq {self.last}")
+                    lagging = 0
+                else:
+                    await asyncio.sleep(0.1)
             else:
                 self.done = True
         if self.done:
@@ -196,6 +205,7 @@ class _DirectReader:
         """
         started = time.monotonic()  # when this batch last made progress
         stalled = 0  # attempts in a row that ran out of time with the server busy (``conn.asked_too_soon``)
+        foreign = 0  # attempts in a row another stream answered
         while True:
             wanted = min(self.range.direct_batch, self.range.end - self.last)
             request = {
@@ -205,7 +215,7 @@ class _DirectReader:
                 "max_bytes": self.range.direct_max_bytes,  # the server always sends the first message, however large
             }
             self.requested, self.received, self.pending, self.error, self.unavailable = wanted, 0, None, None, False
-            self.answered_at = None
+            self.answered_at, self.foreign = None, None
             self.batch_done.clear()
             await self.conn.client.publish(self.subject, json.dumps(request).encode(), reply=self.inbox)
             sent_at = time.monotonic()
@@ -221,6 +231,14 @@ class _DirectReader:
                     break  # nothing for a whole attempt: ask again
             if self.answered_at is not None:
                 self.conn.replied(self.answered_at - sent_at)
+            if self.foreign is not None:
+                foreign += 1
+                if foreign >= messages.FOREIGN_RETRIES:
+                    await self._batch_from_leader(f"its mirror {self.foreign.decode()!r} answers its Direct Gets")
+                    return
+                await self.close()
+                await self.open()
+                continue
             if self.batch_done.is_set() and not self.unavailable:
                 break
             stalled += not self.unavailable and await self.conn.asked_too_soon()
@@ -267,7 +285,7 @@ class _DirectReader:
         """Bulk handler of the Direct Get inbox (``protocol.direct_replies_handler``): takes runs of replies straight
         from the read buffer and keeps each run in one step (decision 0011: the client's CPU is shared with the JVM
         and the server). Statuses, replies it does not recognise and incomplete ones go to ``_on_message``."""
-        return direct_replies_handler(sid, self.batches, self._keep)
+        return direct_replies_handler(sid, self.stream, self.batches, self._keep)
 
     def _on_message(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         """Raw handler of the Direct Get inbox (loop thread, once per message: keep it lean)."""
@@ -285,6 +303,11 @@ class _DirectReader:
             return
         cut = headers.rfind(DIRECT_HEADERS)
         fields = dict(line.split(b": ", 1) for line in headers[cut + 2 : -4].split(b"\r\n"))
+        if fields[b"Nats-Stream"] != self.stream:  # a mirror's answer: the request is asked again
+            if self.foreign is None and not self.batch_done.is_set():
+                self.foreign = fields[b"Nats-Stream"]
+                self.batch_done.set()
+            return
         rows = self.batches.rows
         first = len(rows)
         rows.add(
@@ -315,6 +338,40 @@ class _DirectReader:
             self.last = kept.last
         if self.done or self.last >= self.range.end:
             self.batch_done.set()  # the range is read: its end status need not be waited for
+
+    async def _batch_from_leader(self, why: str) -> None:
+        """Up to ``_LEADER_BATCH`` messages of the range read on the stream leader, one ``STREAM.MSG.GET`` each: slow,
+        and right whatever answers Direct Get; warned once a read."""
+        if not self.warned:
+            self.warned = True
+            log.warning(
+                "Stream %r: %s through %s; reading %s from seq %d on the stream leader one message at a time (slower). "
+                "Connect to a server that holds the stream itself (a replica), or read with readMode=pull.",
+                self.range.stream,
+                why,
+                self.conn.server_url,
+                self.range.filter,
+                self.last + 1,
+            )
+        rows = self.batches.rows
+        for _ in range(min(self.range.direct_batch, _LEADER_BATCH)):
+            request = {"seq": self.last + 1, "next_by_subj": self.range.filter}
+            message = await messages.stored_message_async(self.api, self.range.stream, request)
+            if message is None or int(message["seq"]) > self.range.end:
+                self.done = True
+                return
+            first = len(rows)
+            hdrs = message.get("hdrs")
+            rows.add(
+                message["subject"].encode(),
+                base64.b64decode(message.get("data") or ""),
+                int(message["seq"]),
+                message["time"].encode(),
+                base64.b64decode(hdrs) if hdrs else None,
+            )
+            self._keep(rows, first, None)
+            if self.done:
+                return
 
     async def _leader_has_more(self) -> bool:
         """Whether the stream leader holds a matching message in ``(last, end]`` (read-after-write)."""
