@@ -146,9 +146,8 @@ class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
         if start is None:  # PySpark < 4.2
             start = self._position or self.initialOffset()
-        mark = self._watermark(start)
-        end = self.coordinator.latest(mark, self._limits(limit))
-        return start if end.seq == mark.seq else end.to_offset()  # the start itself: no batch now
+        end = self.coordinator.latest(BatchEnd.from_offset(start, self._watermark(start)), self._limits(limit))
+        return start if end is None else end.to_offset()  # the start itself: no batch now
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         return self.coordinator.watermark(self.coordinator.state().last_seq).to_offset()
@@ -158,6 +157,8 @@ class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         self._position = end
+        if start == end:  # PySpark 4.0/4.1's first call of a restart: an empty range, which moves nothing
+            return []
         planned = BatchEnd.from_offset(end, self._watermark(end))
         return [InputPartition(r) for r in self.coordinator.plan(self._watermark(start), planned)]
 
@@ -185,7 +186,7 @@ class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
             yield from read_member(conn, value, self.config.pull, first_attempt=first)
 
     def commit(self, end: dict[str, Any]) -> None:
-        self.coordinator.commit(self._watermark(end))
+        self.coordinator.commit(BatchEnd.from_offset(end, self._watermark(end)))
 
     def stop(self) -> None:
         if self._coordinator is not None:

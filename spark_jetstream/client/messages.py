@@ -13,7 +13,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from nats.errors import ConnectionClosedError
@@ -85,9 +85,21 @@ async def stored_message_async(api: JetStreamApi, stream: str, request: dict[str
 
 def stored_time_ns(message: dict[str, Any]) -> int:
     """A ``stored_message_async`` message's ``time`` (RFC 3339 with nanosecond digits, ``Z``) in ns since the epoch."""
-    whole, _, fraction = message["time"].rstrip("Z").partition(".")
+    return time_ns(message["time"])
+
+
+def time_ns(text: str) -> int:
+    """A server's RFC 3339 time (nanosecond digits, ``Z``: a message's, stream info's ``last_ts``) in ns since the
+    epoch."""
+    whole, _, fraction = text.rstrip("Z").partition(".")
     seconds = int(datetime.fromisoformat(whole + "+00:00").timestamp())
     return seconds * 1_000_000_000 + int((fraction + "000000000")[:9])
+
+
+def time_text(ns: int) -> str:
+    """ns since the epoch as RFC 3339 text with nanosecond digits, as the server writes and reads times."""
+    seconds, fraction = divmod(ns, 1_000_000_000)
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{fraction:09d}Z"
 
 
 async def next_on_leader(api: JetStreamApi, stream: str, subject: str, after: int) -> int | None:

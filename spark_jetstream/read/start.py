@@ -19,27 +19,29 @@ from spark_jetstream.read.ranges import MemberRange, SeqRange, SmallBatch
 log = logging.getLogger(__name__)
 
 
-def seq_at(api: JetStreamApi, stream: str, when: datetime, last_seq: int) -> int:
-    """The seq of the first message stored at or after ``when`` (``last_seq + 1`` if none), asked of the stream
-    leader: every read mode answers a timestamp alike, with or without Direct Get. nats-server 2.10 ignores
-    ``start_time`` in ``STREAM.MSG.GET`` (it answers the first message): there the leader's messages are searched by
-    seq, their times growing with it (``_seq_at_by_search``)."""
-    stamp = when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+def seq_at(api: JetStreamApi, stream: str, when: datetime | int, last_seq: int) -> int:
+    """The seq of the first message stored at or after ``when`` (a time, or ns since the epoch; ``last_seq + 1`` if
+    none), asked of the stream leader: every read mode answers a timestamp alike, with or without Direct Get.
+    nats-server 2.10 ignores ``start_time`` in ``STREAM.MSG.GET`` (it answers the first message): there the leader's
+    messages are searched by seq, their times growing with it (``_seq_at_by_search``)."""
+    wanted = when if isinstance(when, int) else (when - _EPOCH) // timedelta(microseconds=1) * 1000
     if not api.conn.supports(MESSAGE_BY_TIME):
-        return api.conn.run(_seq_at_by_search(api, stream, when, last_seq))
-    found = messages.next_seq(api, stream, {"start_time": stamp, "next_by_subj": ">"})
+        return api.conn.run(_seq_at_by_search(api, stream, wanted, last_seq))
+    found = messages.next_seq(api, stream, {"start_time": messages.time_text(wanted), "next_by_subj": ">"})
     return found if found is not None else last_seq + 1
 
 
-async def _seq_at_by_search(api: JetStreamApi, stream: str, when: datetime, last_seq: int) -> int:
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+async def _seq_at_by_search(api: JetStreamApi, stream: str, wanted: int, last_seq: int) -> int:
     """``seq_at`` by bisection over seqs on the stream leader: about log2(last_seq) ``STREAM.MSG.GET`` requests, each
     for the first message at or after a seq (interior deletes skipped)."""
-    wanted = (when.astimezone(UTC) - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1) * 1000
 
     async def first_from(seq: int) -> dict[str, Any] | None:
         return await messages.stored_message_async(api, stream, {"seq": seq, "next_by_subj": ">"})
 
-    low, high = 1, last_seq + 1  # the smallest seq from which the next message is stored at or after ``when``
+    low, high = 1, last_seq + 1  # the smallest seq from which the next message is stored at or after ``wanted``
     while low < high:
         middle = (low + high) // 2
         message = await first_from(middle)

@@ -32,6 +32,7 @@ from spark_jetstream.streaming.config import SourceConfig
 from spark_jetstream.streaming.cuts import Cut
 from spark_jetstream.streaming.faults import fault_point
 from spark_jetstream.streaming.held_group import HeldGroup
+from spark_jetstream.streaming.history import WentBack, went_back
 from spark_jetstream.streaming.offsets import BatchEnd, Watermark
 from spark_jetstream.streaming.planning import Limits, batch_end
 
@@ -61,6 +62,7 @@ class StreamState:
     messages: int
     bytes: int
     retention: str
+    last_ts: str = ""  # the last message's time (RFC 3339), which end offsets record (``streaming.history``)
 
     @property
     def average_size(self) -> float:
@@ -84,6 +86,8 @@ class Coordinator:
         self._skipped_to = 0  # the last seq of the removed messages the log said were skipped
         self._recreated: set[str] = set()  # creation times of streams deleted since, that the log said were left
         self._initial: int | None = None  # where this new query starts, once worked out (``_begin``)
+        self._history: tuple[tuple[Any, ...], WentBack | None] | None = None  # the last check of an offset's history
+        self._went_back: set[int] = set()  # offsets whose stream went back, that the log said were read on from
         self.scope: ReadScope | None = None  # a read without a group: fixed for the run
         if config.group is not None:
             self.conn.require(GROUPS, ", or read without the group option (the checkpoint alone holds the position)")
@@ -157,16 +161,22 @@ class Coordinator:
             messages=state["messages"],
             bytes=state["bytes"],
             retention=info["config"].get("retention", "limits"),
+            last_ts=state.get("last_ts", ""),
         )
         self._stream_config = info["config"]
         self.created = info.get("created", "")
         self._state_at = time.monotonic()
 
-    def _acknowledge(self, committed: Watermark, settle: bool = False) -> None:
+    def _acknowledge(self, committed: int, settle: bool = False) -> None:
         """The ack on commit: a group's floors move to ``committed`` (``settle``: wait until every floor moved);
-        without a group there is nothing to move."""
+        without a group there is nothing to move. The callers check first that the stream did not go back
+        (``_resume``): on a WorkQueue stream a floor move removes what it passes."""
         if self.group is not None:
-            self.group.acknowledge(committed.seq, self.state().retention, settle=settle)
+            self.group.acknowledge(committed, self.state().retention, settle=settle)
+
+    def _floors_move(self, seq: int) -> bool:
+        """Whether acknowledging ``seq`` moves a member consumer's floor (the run's first, or a later commit)."""
+        return self.group is not None and self.group.members.acked_through != seq
 
     # -- planning ------------------------------------------------------------------------------
 
@@ -215,13 +225,13 @@ class Coordinator:
         )
 
     def _begin(self, start: Watermark, end: BatchEnd | None = None) -> int:
-        """The seq after which the batch from ``start`` begins: ``start``'s, or for a new query's ``INITIAL`` offset
-        the start batch 0's end recorded, else where the query starts (worked out once per run: ``latestOffset`` may be
-        asked twice for one batch)."""
-        if not start.initial:
-            return start.seq
+        """The seq after which the batch from ``start`` begins: where its end says it began (batch 0, or after the
+        stream went back), else ``start``'s, or for a new query's ``INITIAL`` offset where the query starts (worked out
+        once per run: ``latestOffset`` may be asked twice for one batch)."""
         if end is not None and end.start is not None:
             return end.start
+        if not start.initial:
+            return start.seq
         if self._initial is None:
             self._initial = self.initial().seq
         return self._initial
@@ -229,17 +239,39 @@ class Coordinator:
     def prepare_available_now(self) -> None:
         self._available_now_cap = self.state(fresh=True).last_seq
 
-    def latest(self, start: Watermark, limits: Limits) -> BatchEnd:
-        """The end of the next batch after ``start`` (``start`` itself: no batch now), with the batch's cut and, for
-        batch 0 (``start`` is ``INITIAL``), where it begins: a replay needs both and can derive neither."""
-        begin = self._begin(start)
-        if begin > 0 and not start.initial:
+    def latest(self, start: BatchEnd | Watermark, limits: Limits) -> BatchEnd | None:
+        """The end of the next batch after ``start`` (None: no batch now), with the batch's cut and, for
+        batch 0 (``start`` is ``INITIAL``) or after the stream went back, where it begins: a replay needs both and can
+        derive neither."""
+        start = start if isinstance(start, BatchEnd) else BatchEnd(start)
+        mark = start.mark
+        begin = self._begin(mark)
+        if begin > 0 and not mark.initial:
             fault_point("latest")  # the sink committed the last batch; the source has not acked it yet
+        state = self.state()
+        if not mark.initial:  # the stream still holds what ``start`` saw (asked of the leader before floors move)
+            begin = self._resume(start, state, ask=self._floors_move(begin))
         # `start` is in the commit log: the catch-up on an idle stream. At the end of an availableNow run (Spark asks
         # once more after its last batch, then stops the process) every floor is waited for: none lags behind.
         capped = self._available_now_cap is not None
-        self._acknowledge(self.watermark(begin), settle=capped and begin >= (self._available_now_cap or 0))
-        state = self.state()
+        self._acknowledge(begin, settle=capped and begin >= (self._available_now_cap or 0))
+        end = self._end(begin, state, limits, capped)
+        if end > begin and not mark.initial and (resumed := self._resume(start, state)) != begin:
+            begin = resumed  # the stream went back since ``start`` was planned (failOnDataLoss=false)
+            end = self._end(begin, state, limits, capped)
+        if end <= (mark.seq if mark.initial else begin):
+            return None
+        self._last_batch_at = time.monotonic()
+        cut = (
+            self._cut(begin, end, self._after_data_loss(self.watermark(begin), state)).to_json(begin, end)
+            if end > begin
+            else None
+        )
+        moved = begin if mark.initial or begin != mark.seq else None
+        return BatchEnd(self.watermark(end), cut, moved, state.last_seq, state.last_ts or None)
+
+    def _end(self, begin: int, state: StreamState, limits: Limits, capped: bool) -> int:
+        """The end of a batch after ``begin``, as the limits and ``minMessagesPerTrigger``'s wait allow."""
         after = self._after_data_loss(self.watermark(begin), state)
         # minMessagesPerTrigger waits at most maxTriggerDelay from the last batch or the run's first trigger (as Kafka's
         # source: so the one batch of an availableNow run on PySpark < 4.2 reads what is there); an availableNow run
@@ -252,11 +284,34 @@ class Coordinator:
         end = batch_end(after, state.last_seq, limits, state.average_size, self._available_now_cap)
         if self.snapshot and begin == 0:
             end = state.last_seq  # the latest values are one batch, whatever the limits: a batch is a point in time
-        if end <= start.seq:
-            return BatchEnd(start)
-        self._last_batch_at = now
-        cut = self._cut(begin, end, after).to_json(begin, end) if end > begin else None
-        return BatchEnd(self.watermark(end), cut, begin if start.initial else None, state.last_seq)
+        return end
+
+    def _resume(self, offset: BatchEnd, state: StreamState, ask: bool = True) -> int:
+        """Where reading goes on after ``offset``: its seq, unless the stream went back from the history the offset saw
+        (``streaming.history``), which fails the query, or with ``failOnDataLoss=false`` reads on before the first
+        seq reused, said once. ``ask=False``: only what stream info tells (its last seq below the offset's), and the
+        last answer for this offset and stream state."""
+        key = (offset.seq, offset.last, offset.last_ts, state.last_seq, state.last_ts)
+        if self._history is not None and self._history[0] == key:
+            went = self._history[1]
+        elif not ask and state.last_seq >= max(offset.seq, offset.last or 0):
+            return offset.seq
+        else:
+            went = went_back(
+                self.api, self.stream, offset.seq, offset.last, offset.last_ts, state.last_seq, state.last_ts
+            )
+            self._history = (key, went)
+        if went is None:
+            return offset.seq
+        if self.config.fail_on_data_loss:
+            raise DataLossError(
+                f"{went.sentence()} Set failOnDataLoss=false to read on from seq {went.resume_after + 1} (the new "
+                "messages once each), or use a new checkpoint location."
+            )
+        if offset.seq not in self._went_back:
+            self._went_back.add(offset.seq)
+            log.warning("%s Reading on from seq %d (failOnDataLoss=false).", went.sentence(), went.resume_after + 1)
+        return went.resume_after
 
     @property
     def snapshot(self) -> bool:
@@ -414,6 +469,9 @@ class Coordinator:
             return table_view(self.conn, bucket, self._stream_config, end)
         return KvView(bucket)
 
-    def commit(self, end: Watermark) -> None:
-        """Spark committed the batch ending at ``end``: the ack on commit."""
-        self._acknowledge(end)
+    def commit(self, end: BatchEnd | Watermark) -> None:
+        """Spark committed the batch ending at ``end``: the ack on commit, up to where the stream still holds what the
+        batch saw."""
+        end = end if isinstance(end, BatchEnd) else BatchEnd(end)
+        if self._floors_move(end.seq):
+            self._acknowledge(self._resume(end, self.state(fresh=True)))

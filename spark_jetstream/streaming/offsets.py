@@ -5,9 +5,11 @@ before this offset. Spark compares offsets as JSON strings and PySpark serialize
 always emitted in sorted order.
 
 A batch's end offset (``BatchEnd``) also carries what replaying the batch needs and no offset can give (decision
-0042): ``cut``, how the batch is cut into Spark partitions (``streaming.cuts``); ``start``, batch 0's start, which
-Spark never logs (it asks ``initialOffset`` again on a restart); ``last``, the stream's last seq when the batch was
-planned, from which a listener tells the lag where Spark reports no latest offset of its own (PySpark 4.0/4.1).
+0042): ``cut``, how the batch is cut into Spark partitions (``streaming.cuts``); ``start``, where the batch begins
+when not at the offset before it: batch 0's start, which Spark never logs (it asks ``initialOffset`` again on a
+restart), or where a stream that went back is read on from; ``last``, the stream's last seq when the batch was planned,
+from which a listener tells the lag where Spark reports no latest offset of its own (PySpark 4.0/4.1), and
+``last_ts``, that message's time, which tells whether the stream later went back (``streaming.history``).
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class BatchEnd:
     cut: dict[str, Any] | None = None
     start: int | None = None
     last: int | None = None
+    last_ts: str | None = None
 
     @property
     def seq(self) -> int:
@@ -78,7 +81,7 @@ class BatchEnd:
 
     def to_offset(self) -> dict[str, Any]:
         offset = self.mark.to_offset()
-        extra = {"cut": self.cut, "last": self.last, "start": self.start}
+        extra = {"cut": self.cut, "last": self.last, "last_ts": self.last_ts, "start": self.start}
         offset.update((key, value) for key, value in extra.items() if value is not None)
         return dict(sorted(offset.items()))  # Spark compares offsets as JSON text
 
@@ -86,7 +89,13 @@ class BatchEnd:
     def from_offset(cls, offset: dict[str, Any], mark: Watermark) -> BatchEnd:
         """``offset`` (whose watermark is ``mark``) with what it carries for its replay."""
         start, last = offset.get("start"), offset.get("last")
-        return cls(mark, offset.get("cut"), None if start is None else int(start), None if last is None else int(last))
+        return cls(
+            mark,
+            offset.get("cut"),
+            None if start is None else int(start),
+            None if last is None else int(last),
+            offset.get("last_ts"),
+        )
 
 
 def _batch_ids(root: Path, log: str) -> list[int]:

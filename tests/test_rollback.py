@@ -1,0 +1,204 @@
+"""A stream that went back (its store put back to an earlier copy: a restored backup, or writes lost before
+``sync_interval`` synced them) is never read past silently. A real nats-server stopped, its store folder replaced by a
+copy taken earlier, started again; the stream reader's driver-side methods called as Spark calls them, and its tasks
+read in this process (as ``test_replays.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from spark_jetstream.client.connection import connect
+from spark_jetstream.client.connection_options import ConnectionOptions
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.errors import DataLossError
+from spark_jetstream.groups.layout import partitioned_stream_config
+from spark_jetstream.source import JetStreamStreamReader
+from spark_jetstream.streaming.config import SourceConfig
+from spark_jetstream.tools.embedded import EmbeddedServer
+
+pytestmark = pytest.mark.slow
+
+
+class Store:
+    """One server whose store can be copied and put back."""
+
+    def __init__(self, root: Path) -> None:
+        (root / "server").mkdir()
+        self.server = EmbeddedServer(name="rollback", store_dir=str(root / "server")).start()
+        self.js = Path(self.server.dir, "js")
+        self.copy = root / "copy"
+
+    def publish(self, subject: str, texts: list[str]) -> None:
+        async def send() -> None:
+            nc = await nats.connect(self.server.url)
+            js = nc.jetstream()
+            for text in texts:
+                await js.publish(subject, text.encode())
+            await nc.close()
+
+        asyncio.run(send())
+
+    def keep(self) -> None:
+        """Copy the store as it is now (the server stopped for it, then started again)."""
+        self.server.stop()
+        shutil.copytree(self.js, self.copy)
+        self.server.start()
+
+    def put_back(self) -> None:
+        """Replace the store by the copy: the server comes back with the stream as it was then."""
+        self.server.stop()
+        shutil.rmtree(self.js)
+        shutil.copytree(self.copy, self.js)
+        self.server.start()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    made = Store(tmp_path)
+    yield made
+    made.server.stop()
+
+
+@contextmanager
+def run(options: dict[str, str]) -> Iterator[JetStreamStreamReader]:
+    reader = JetStreamStreamReader(SourceConfig.parse(options))
+    try:
+        yield reader
+    finally:
+        reader.stop()
+
+
+def spark_json(offset: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(offset))
+
+
+def batch(reader: JetStreamStreamReader, start: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[int, bytes]]]:
+    """One micro-batch from ``start``: its end offset and its rows (seq, data), read as Spark would."""
+    end = spark_json(reader.latestOffset(start, None))
+    rows = [
+        (row["seq"], row["data"])
+        for part in reader.partitions(start, end)
+        for record_batch in reader.read(part)
+        for row in record_batch.to_pylist()
+    ]
+    return end, sorted(rows)
+
+
+def texts(prefix: str, first: int, last: int) -> list[str]:
+    return [f"{prefix}{i}" for i in range(first, last + 1)]
+
+
+@pytest.mark.parametrize("new", [40, 10])
+def test_a_stream_put_back_under_the_checkpoint_fails_or_reads_the_new_messages_once(store: Store, new, caplog):
+    """Read to seq 40, the store put back to seq 20, then ``new`` messages published (seqs 21..20+new: 40 pass the
+    checkpoint, 10 do not). By default the query fails saying what happened; with ``failOnDataLoss=false`` it reads
+    every new message once, from seq 21, and says so once."""
+    api = JetStreamApi(connect(ConnectionOptions(servers=(store.server.url,))))
+    api.create_stream({"name": "RB", "subjects": ["rb.>"]})
+    store.publish("rb.a", texts("old", 1, 20))
+    store.keep()
+    store.publish("rb.a", texts("old", 21, 40))
+    options = {"servers": store.server.url, "stream": "RB"}
+    with run(options) as first:
+        start = spark_json(first.initialOffset())
+        checkpoint, rows = batch(first, start)
+        first.commit(checkpoint)
+    assert [seq for seq, _ in rows] == list(range(1, 41))
+
+    store.put_back()
+    assert api.stream_info("RB")["state"]["last_seq"] == 20
+    store.publish("rb.a", texts("new", 21, 20 + new))
+    with run(options) as strict, pytest.raises(DataLossError) as failed:
+        strict.latestOffset(checkpoint, None)
+    reused = "21..40 that the checkpoint covers"
+    assert str(failed.value) == (
+        "Stream 'RB' went back to an earlier state: when the checkpoint's last batch was planned its last message was "
+        f"seq 40; now its messages from seq 21 on were stored after that (its last seq is {20 + new}). The server "
+        "lost acknowledged messages: a store restored from an earlier copy, or writes not yet synced to disk when the "
+        "server, or a majority of the stream's servers, lost power (nats-server syncs every sync_interval, 2 min by "
+        f"default). So its messages 21..40 as the checkpoint's batch saw them are gone, and new messages reuse seqs "
+        f"{reused}. Set failOnDataLoss=false to read on from seq 21 (the new messages once each), or use a new "
+        "checkpoint location."
+    )
+    with run({**options, "failOnDataLoss": "false"}) as lenient, caplog.at_level(logging.WARNING):
+        end, rows = batch(lenient, checkpoint)
+        lenient.commit(end)
+        assert lenient.latestOffset(end, None) == end  # nothing more
+    assert rows == [(seq, f"new{seq}".encode()) for seq in range(21, 21 + new)]
+    assert (end["seq"], end["start"]) == (20 + new, 20)
+    warned = [r.getMessage() for r in caplog.records if "went back" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].endswith("Reading on from seq 21 (failOnDataLoss=false).")
+
+
+def test_a_running_query_sees_the_stream_go_back(store: Store):
+    """The same under one running reader: the stream put back to seq 20 while the query sits at 40, then 30 new
+    messages: the next batch fails instead of reading 41..50 only."""
+    api = JetStreamApi(connect(ConnectionOptions(servers=(store.server.url,))))
+    api.create_stream({"name": "RB", "subjects": ["rb.>"]})
+    store.publish("rb.a", texts("old", 1, 20))
+    store.keep()
+    store.publish("rb.a", texts("old", 21, 40))
+    with run({"servers": store.server.url, "stream": "RB"}) as reader:
+        checkpoint, _ = batch(reader, spark_json(reader.initialOffset()))
+        reader.commit(checkpoint)
+        assert reader.latestOffset(checkpoint, None) == checkpoint
+        store.put_back()
+        store.publish("rb.a", texts("new", 21, 50))
+        with pytest.raises(DataLossError, match="went back to an earlier state"):
+            for _ in range(50):  # stream info is read at most every 0.1 s
+                assert reader.latestOffset(checkpoint, None) == checkpoint
+                asyncio.run(asyncio.sleep(0.02))
+
+
+def test_a_groups_floors_never_pass_what_the_stream_holds(store: Store):
+    """A WorkQueue stream read through a group to seq 40 (floors at 40, 1..40 removed), put back to seq 20 (floors and
+    messages as they were then), 40 new messages: the query fails before it moves a floor, and no new message is
+    removed; with failOnDataLoss=false it reads the 40 new ones once and the floors end at 60."""
+    api = JetStreamApi(connect(ConnectionOptions(servers=(store.server.url,))))
+    api.create_stream(partitioned_stream_config("WQ", "wq.*", 2, retention="workqueue", allow_direct=True))
+    for i in range(1, 21):
+        store.publish(f"wq.k{i % 5}", [f"old{i}"])
+    options = {"servers": store.server.url, "stream": "WQ", "group": "g"}
+    with run(options) as first:  # the group's member consumers are made, their floors at 0
+        start = spark_json(first.initialOffset())
+        early, _ = batch(first, start)
+        first.commit(early)
+    store.keep()
+    for i in range(21, 41):
+        store.publish(f"wq.k{i % 5}", [f"old{i}"])
+    with run(options) as second:
+        checkpoint, rows = batch(second, early)
+        second.commit(checkpoint)
+        assert second.latestOffset(checkpoint, None) == checkpoint  # the floors move to 40
+    assert [seq for seq, _ in rows] == list(range(21, 41))
+    assert api.stream_info("WQ")["state"]["messages"] == 0
+
+    store.put_back()
+    for i in range(21, 61):
+        store.publish(f"wq.k{i % 5}", [f"new{i}"])
+
+    def floors() -> list[int]:
+        return [api.consumer_info("WQ", name)["ack_floor"]["stream_seq"] for name in ("g-0", "g-1")]
+
+    with run(options) as strict, pytest.raises(DataLossError, match="went back to an earlier state"):
+        strict.commit(checkpoint)  # a restarted run's reconciliation, before its first latestOffset
+    with run(options) as strict, pytest.raises(DataLossError, match="went back to an earlier state"):
+        strict.latestOffset(checkpoint, None)
+    assert max(floors()) <= 20
+    assert api.stream_info("WQ")["state"]["messages"] == 40
+    with run({**options, "failOnDataLoss": "false"}) as lenient:
+        end, rows = batch(lenient, checkpoint)
+        lenient.commit(end)
+        assert lenient.latestOffset(end, None) == end
+    assert rows == [(seq, f"new{seq}".encode()) for seq in range(21, 61)]
+    assert floors() == [60, 60]
