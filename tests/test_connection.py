@@ -203,16 +203,17 @@ def test_a_connection_a_spark_worker_made_stops_dialing_a_server_gone_for_good(s
     """A reused Python worker keeps the connection its task made. Once the server is gone for good it dials the
     port (what listens there later gets a client that sends nothing) for twice the API deadline, then closes."""
     server = EmbeddedServer(name="gone").start()
-    options = ConnectionOptions(servers=(server.url,))
+    options = ConnectionOptions(servers=(server.url,), request_timeout=8.0)
     conn = connect(options)
     JetStreamApi(conn).create_stream({"name": "GONE", "subjects": ["gone.>"], "allow_direct": True})
     publish_all(conn, ((f"gone.{i}", b"x", None) for i in range(20)))
-    df = spark.read.format("jetstream").option("servers", server.url).option("stream", "GONE").load()
+    read = spark.read.format("jetstream").option("servers", server.url).option("requestTimeout", "8s")
+    df = read.option("stream", "GONE").load()
     assert sorted(row.seq for row in df.select("seq").collect()) == list(range(1, 21))
     disconnect(options)
     server.close()
     assert _dialed(server.port, 5), "no worker kept a connection: the test shows nothing"
-    time.sleep(2 * options.api_timeout + 5)  # its attempts: 0.5 s apart, and the one let go above
+    time.sleep(2 * options.request_timeout + 5)  # its attempts: 0.5 s apart, and the one let go above
     assert not _dialed(server.port, 3), "a Spark worker's connection still dials a server gone for good"
 
 

@@ -186,17 +186,16 @@ class Connection:
 
     @property
     def api_timeout(self) -> float:
-        return self.options.api_timeout
+        """The deadline of every request: ``requestTimeout``."""
+        return self.options.request_timeout
 
     def out_of_time(self, started: float) -> float:
         """The deadline (seconds) a request that has got nowhere since ``started`` (``time.monotonic()``) has run out
-        of, 0 while it has not: ``requestTimeout`` (60 s, Kafka's ``default.api.timeout.ms``) while its server answers
-        the connection (a server short of CPU or working off a backlog answers late), ``api_timeout`` (15 s) while
-        none does (down, frozen, cut off)."""
+        of, 0 while it has not: ``requestTimeout`` (60 s, Kafka's ``default.api.timeout.ms``), whether its server
+        answers the connection late (short of CPU, working off a backlog) or no server answers at all (a whole cluster
+        restarting, decision 0043)."""
         waited = time.monotonic() - started
-        if waited >= self.options.request_timeout:
-            return self.options.request_timeout
-        return self.api_timeout if waited >= self.api_timeout and not self.client.answering() else 0.0
+        return self.options.request_timeout if waited >= self.options.request_timeout else 0.0
 
     def unanswered(self, what: str, waited: float, seen: str = "") -> str:
         """The give-up sentence for a request the server it went through answered the connection around: slow, not
@@ -269,7 +268,7 @@ def connect(options: ConnectionOptions) -> Connection:
         if conn is not None and not conn.client.is_closed:
             return conn
         role = process_role()
-        reconnect_for = 2 * options.api_timeout if role == "task" else None
+        reconnect_for = 2 * options.request_timeout if role == "task" else None
         name = f"spark-jetstream {role}".strip()
         client = runner.run(open_client(options, reconnect_for, name), timeout=options.connect_timeout + 5)
         conn = _connections[options] = Connection(options, client, runner)

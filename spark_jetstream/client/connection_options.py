@@ -16,12 +16,9 @@ DEFAULT_SERVERS = ("nats://127.0.0.1:4222",)
 DEFAULT_CONNECT_TIMEOUT = 5.0
 """Seconds to try to reach a server before failing."""
 DEFAULT_REQUEST_TIMEOUT = 60.0
-"""Seconds a request is waited for and asked again while its server answers the connection, before the task or query
-fails: Kafka's ``default.api.timeout.ms``. A server starved of CPU or working off a backlog answers late, not never."""
-NO_ANSWER_TIMEOUT = 15.0
-"""Seconds a request keeps trying while no server answers the connection at all (down, frozen, cut off): enough for a
-restart or a leader election (a raft election takes 4-9 s after a crash; measured at 10 s, a planning call once ran
-out)."""
+"""Seconds a request is waited for and asked again before the task or query fails: Kafka's ``default.api.timeout.ms``.
+A server starved of CPU or working off a backlog answers late, not never, and a whole cluster restarted answers
+nothing for tens of seconds (decision 0043)."""
 DEFAULT_SILENCE_TIMEOUT = 3.0
 """Seconds a connected server may send nothing, though pinged, before the connection moves to another server: a
 frozen server or a silent partition sends no reset, and a JetStream cluster elects new leaders in 2-5 s."""
@@ -53,12 +50,6 @@ class ConnectionOptions:
     def __repr__(self) -> str:
         shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
         return redact(f"ConnectionOptions({shown})")
-
-    @property
-    def api_timeout(self) -> float:
-        """How long a request keeps trying while no server answers the connection (``NO_ANSWER_TIMEOUT``, at least
-        the connect timeout, at most ``request_timeout``): while one answers, ``request_timeout``."""
-        return min(max(self.connect_timeout, NO_ANSWER_TIMEOUT), self.request_timeout)
 
     @property
     def api_prefix(self) -> str:

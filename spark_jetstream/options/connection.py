@@ -10,7 +10,6 @@ from spark_jetstream.client.connection_options import (
     DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SERVERS,
     DEFAULT_SILENCE_TIMEOUT,
-    NO_ANSWER_TIMEOUT,
 )
 from spark_jetstream.options.option import ALL, Option
 from spark_jetstream.options.parsers import (
@@ -72,11 +71,10 @@ CONNECTION: tuple[Option, ...] = (
         "requestTimeout",
         parse_duration,
         DEFAULT_REQUEST_TIMEOUT,
-        "How long a read, write or JetStream API request is waited for and asked again, while the server it goes "
-        "through answers the connection, before the task or query fails (Kafka's `default.api.timeout.ms`): a "
-        "server short of CPU, or working off a backlog, answers late. While no server answers at all (down, frozen, "
-        f"cut off) a request gives up after {NO_ANSWER_TIMEOUT:g} s (or `connectTimeout`, if longer), or this, if "
-        "shorter.",
+        "How long a read, write or JetStream API request is waited for and asked again before the task or query "
+        "fails (Kafka's `default.api.timeout.ms`): a server short of CPU, or working off a backlog, answers late, "
+        "and a whole cluster restarted answers nothing for tens of seconds. A connection leaves a server that sends "
+        "nothing after `silenceTimeout` and asks the others meanwhile.",
         minimum=1.0,
     ),
     _connection(
