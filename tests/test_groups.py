@@ -274,3 +274,67 @@ def test_a_static_group_in_pcgroups_exact_json_is_read_by_spark(spark, nats_serv
                            "pcg-y": [f"2.{subject_filter}", f"3.{subject_filter}"]}  # fmt: skip
     finally:
         api.delete_stream("KV_static-consumer-groups")
+
+
+@pytest.mark.parametrize("retention", ["limits", "workqueue"])
+def test_a_group_other_clients_consume_is_refused_before_anything_of_it_changes(
+    retention, api, nats_server, make_stream
+):
+    """A group made by other tooling (member consumers without the connector's metadata, ack_wait 5 s and
+    max_ack_pending 1,000 as pcgroups makes them) whose members are consuming: each member pulled as a pcgroups
+    member pulls (priority group, pinned), without acking. A query on it is refused naming a member consumer and what
+    was seen, and every member consumer keeps its config, its pin and its floor."""
+    import asyncio
+
+    import nats
+
+    from spark_jetstream.client.jsapi import PRIORITY_GROUP
+    from spark_jetstream.source import JetStreamStreamReader
+
+    stream = make_stream(600, partitions=2, retention=retention)
+    for p in range(2):
+        config = api.consumer_info(stream.name, stream.consumer(p))["config"]
+        config.update(ack_wait=5 * 10**9, max_ack_pending=1000, priority_timeout=5 * 10**9)
+        api.create_consumer(stream.name, config, action="update")
+
+    async def consume() -> tuple[nats.NATS, list[int]]:
+        client = await nats.connect(nats_server.url)
+        got = []
+        for p in range(2):
+            inbox = client.new_inbox()
+            sub = await client.subscribe(inbox)
+            subject = api.subject("CONSUMER", "MSG", "NEXT", stream.name, stream.consumer(p))
+            request = {"batch": 20, "expires": 30 * 10**9, "group": PRIORITY_GROUP}
+            await client.publish(subject, json.dumps(request).encode(), reply=inbox)
+            for _ in range(20):
+                await sub.next_msg(timeout=5)
+            got.append(20)
+        return client, got
+
+    loop = asyncio.new_event_loop()
+    client, got = loop.run_until_complete(consume())
+    try:
+        assert got == [20, 20]
+        before = {p: api.consumer_info(stream.name, stream.consumer(p)) for p in range(2)}
+        pins = {p: before[p]["priority_groups"][0]["pinned_client_id"] for p in range(2)}
+        assert all(pins.values())
+        options = {"servers": nats_server.url, "stream": stream.name, "group": stream.group}
+        with pytest.raises(GroupConfigError) as refused:
+            JetStreamStreamReader(SourceConfig.parse(options)).latestOffset(None, None)
+        assert str(refused.value) == (
+            f"Group '{stream.group}' on stream '{stream.name}' is being consumed by other clients: member consumer "
+            f"'{stream.consumer(0)}', which spark-jetstream did not make, is pinned to client '{pins[0]}' (priority "
+            "group 'PCG'). The query changes nothing of a group in use (it would rewrite the member consumers and "
+            "take their pins): stop those clients (a pin is released 5s after its client's last pull) and start the "
+            "query again, or give Spark a group of its own."
+        )
+        for p in range(2):
+            after = api.consumer_info(stream.name, stream.consumer(p))
+            assert after["config"] == before[p]["config"]
+            assert after["priority_groups"][0]["pinned_client_id"] == pins[p]
+            assert after["ack_floor"] == before[p]["ack_floor"]
+            assert after["num_ack_pending"] == 20
+        assert api.stream_info(stream.name)["state"]["messages"] == 600
+    finally:
+        loop.run_until_complete(client.close())
+        loop.close()

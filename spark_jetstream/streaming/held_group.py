@@ -67,6 +67,7 @@ class HeldGroup:
         """Check what the read needs of the group, start keeping the pins unless the tasks pull from the member
         consumers (``pulled``: they hold the pins then) and claim the group, last: a refused query holds nothing."""
         check_ack_policy(self.config.ack_policy, retention, self.layout)
+        self.members.check_not_in_use()
         if pulled:
             self._warn_crowded_members()
         else:

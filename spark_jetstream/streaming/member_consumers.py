@@ -134,6 +134,33 @@ class MemberConsumers:
             for name in stale:
                 self._delete(name)
 
+    def check_not_in_use(self) -> None:
+        """Refuse, before anything of the group changes, member consumers another client is consuming: one the
+        connector did not make (no owner metadata: a pcgroups member's, or a tool's) that is pinned to a client or
+        has pull requests waiting. The query would rewrite their configs and take their pins, and on a WorkQueue
+        stream find their acks past its checkpoint. Consumers the connector made are another query's
+        (``ownership.GroupClaim``) or an earlier run's, whose pins it takes over."""
+        for member, info in self.infos().items():
+            if info is None or OWNER_METADATA_KEY in (info["config"].get("metadata") or {}):
+                continue
+            seen = [
+                f"is pinned to client {state['pinned_client_id']!r} (priority group {state.get('group')!r})"
+                for state in info.get("priority_groups") or ()
+                if state.get("pinned_client_id")
+            ]
+            if info.get("num_waiting"):
+                seen.append(f"has {info['num_waiting']} pull requests waiting")
+            if seen:
+                timeout = info["config"].get("priority_timeout")
+                release = f" (a pin is released {timeout / 1e9:g}s after its client's last pull)" if timeout else ""
+                raise GroupConfigError(
+                    f"Group {self.layout.group!r} on stream {self.stream!r} is being consumed by other clients: "
+                    f"member consumer {self.layout.consumer(member)!r}, which spark-jetstream did not make, "
+                    f"{' and '.join(seen)}. The query changes nothing of a group in use (it would rewrite the member "
+                    f"consumers and take their pins): stop those clients{release} and start the query again, or "
+                    "give Spark a group of its own."
+                )
+
     def _configs(self, names: list[str]) -> dict[str, dict[str, Any]]:
         """The config of each named consumer that still exists, asked all at once."""
         infos = self.api.conn.run(self.api.consumer_infos_async(self.stream, names))
