@@ -58,6 +58,17 @@ class ConnectionOptions:
             return self.api_import
         return f"$JS.{self.domain}.API" if self.domain else "$JS.API"
 
+    def kv_prefix(self, bucket: str) -> str:
+        """What a write to a key of ``bucket`` publishes to, before the key: ``$KV.<bucket>.``, or in another JetStream
+        domain ``$JS.<domain>.API.$KV.<bucket>.``, which that domain's servers map to its ``$KV.>`` (as nats.go
+        writes): a bare ``$KV`` subject would go to a same-named bucket of the local domain, or to none."""
+        return f"{self.api_prefix}.$KV.{bucket}." if self.domain else f"$KV.{bucket}."
+
+    def stored_subject(self, subject: str) -> str:
+        """The subject a stream stores a message published to ``subject`` under (``kv_prefix``'s domain part off)."""
+        prefix = f"{self.api_prefix}."
+        return subject[len(prefix) :] if self.domain and subject.startswith(f"{prefix}$KV.") else subject
+
     @property
     def secrets(self) -> tuple[str, ...]:
         """The secret values, for redacting messages that might quote them."""

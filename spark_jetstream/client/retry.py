@@ -131,7 +131,7 @@ async def captured(conn: Connection, subject: str) -> bool | None:
     """Whether a stream captures ``subject``, as the meta leader says (``STREAM.NAMES`` with the subject, one
     attempt); None when it does not answer (its own election). What tells a publish that no stream took (no
     responders) during a stream's election from one to a subject no stream captures."""
-    request = json.dumps({"subject": subject}).encode()
+    request = json.dumps({"subject": conn.options.stored_subject(subject)}).encode()
     try:
         reply = await conn.client.request(f"{conn.options.api_prefix}.STREAM.NAMES", request, timeout=ATTEMPT_TIMEOUT)
         answer = json.loads(reply.data)

@@ -11,11 +11,9 @@ import contextlib
 import json
 from dataclasses import dataclass
 
-from nats.js.errors import KeyWrongLastSequenceError
-
 from spark_jetstream.client.jsapi import PRIORITY_GROUP, JetStreamApi, pin_holder
-from spark_jetstream.client.kv import key_value
-from spark_jetstream.errors import ConsumerNotFoundError, GroupConfigError, StreamNotFoundError
+from spark_jetstream.client.kv import WRONG_LAST_SEQUENCE, key_value, write_entry
+from spark_jetstream.errors import ApiError, ConsumerNotFoundError, GroupConfigError, StreamNotFoundError
 from spark_jetstream.groups.layout import (
     ELASTIC_BUCKET,
     GroupConfig,
@@ -49,10 +47,12 @@ def create_group(api: JetStreamApi, stream: str, group: str, config: GroupConfig
         check_static_stream(source, group, config.max_members)
 
     async def store() -> None:
-        kv = await key_value(api, config.bucket, create=True, replicas=source.get("num_replicas", 1))
+        await key_value(api, config.bucket, create=True, replicas=source.get("num_replicas", 1))
         try:
-            await kv.create(group_key(stream, group), json.dumps(config.to_json()).encode())
-        except KeyWrongLastSequenceError:
+            await write_entry(api, config.bucket, group_key(stream, group), json.dumps(config.to_json()).encode(), 0)
+        except ApiError as exc:
+            if exc.err_code != WRONG_LAST_SEQUENCE:
+                raise
             raise GroupConfigError(
                 f"Group {group!r} on stream {stream!r} already exists: delete it first or change it with add/drop/map."
             ) from None
@@ -71,9 +71,7 @@ def delete_group(api: JetStreamApi, stream: str, group: str) -> None:
     config, _ = load_group(api, stream, group)
 
     async def forget() -> None:
-        kv = await key_value(api, config.bucket, create=False)
-        if kv is not None:  # the config was just read from it
-            await kv.delete(group_key(stream, group))
+        await write_entry(api, config.bucket, group_key(stream, group), None)
 
     api.conn.run(forget())
     if config.kind == "elastic":
@@ -111,11 +109,13 @@ def change_members(
     changed.validate(f"new config of group {group_key(stream, group)}")
 
     async def update() -> None:
-        kv = await key_value(api, ELASTIC_BUCKET, create=False)
-        assert kv is not None, "the config was just read from it"
         try:
-            await kv.update(group_key(stream, group), json.dumps(changed.to_json()).encode(), last=revision)
-        except KeyWrongLastSequenceError:
+            await write_entry(
+                api, ELASTIC_BUCKET, group_key(stream, group), json.dumps(changed.to_json()).encode(), revision
+            )
+        except ApiError as exc:
+            if exc.err_code != WRONG_LAST_SEQUENCE:
+                raise
             raise GroupConfigError(f"Group {group!r} changed while it was being updated: try again.") from None
 
     api.conn.run(update())

@@ -51,7 +51,13 @@ CONNECTION: tuple[Option, ...] = (
         "in-memory file, never written to disk; Linux).",
         secret=True,
     ),
-    _connection("domain", parse_text, None, "JetStream domain, when the stream lives in another domain."),
+    _connection(
+        "domain",
+        parse_text,
+        None,
+        "JetStream domain, when the stream or bucket lives in another domain (a leaf node's): API requests go to "
+        "`$JS.<domain>.API`, and KV writes and commit markers to `$JS.<domain>.API.$KV...`, as nats.go writes.",
+    ),
     _connection(
         "apiPrefix",
         parse_api_prefix,

@@ -27,7 +27,7 @@ from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.messages import last_message_async
 from spark_jetstream.client.publish import EXPECTED_SUBJECT_SEQ_HEADER, MSG_ID_HEADER, PublishError
 from spark_jetstream.errors import SchemaError
-from spark_jetstream.read.kv import key_prefix, kv_stream
+from spark_jetstream.read.kv import kv_stream
 from spark_jetstream.read.rows import binary_array
 from spark_jetstream.sink.config import Columns, SinkConfig
 from spark_jetstream.sink.publishing import publish_rows
@@ -98,12 +98,13 @@ def publish_kv(
     assert config.bucket is not None
     if columns.revision is None:  # no compare-and-set: the task's rows pipelined as any write's
         try:
-            return publish_rows(conn, config, WRITE_COLUMNS, kv_batches(batches, columns, config.bucket), id_prefix)
+            rows = kv_batches(batches, columns, config.bucket, conn.options.kv_prefix(config.bucket))
+            return publish_rows(conn, config, WRITE_COLUMNS, rows, id_prefix)
         except PublishError as exc:
             raise kv_failure(exc, config.bucket) from None
     stored = duplicates = 0
     first = 0  # the task's row number of the batch's first row: msg ids number the task's rows
-    for batch in kv_batches(batches, columns, config.bucket):
+    for batch in kv_batches(batches, columns, config.bucket, conn.options.kv_prefix(config.bucket)):
         revisions = batch.column(3).is_valid().to_pylist()
         start = 0
         while start < batch.num_rows:
@@ -146,16 +147,19 @@ def _compare_and_set(conn: Connection, config: SinkConfig, row: pa.RecordBatch, 
         return int(bool(ack.get("duplicate")))
     error = ack["error"]
     if error.get("err_code") == WRONG_LAST_SEQUENCE and config.deduplicate:
-        last = conn.run(last_message_async(JetStreamApi(conn), kv_stream(config.bucket), subject))
+        stored = conn.options.stored_subject(subject)
+        last = conn.run(last_message_async(JetStreamApi(conn), kv_stream(config.bucket), stored))
         if last is not None and last.headers.get(MSG_ID_HEADER) == msg_id:
             return 1  # this row's own earlier store
     reason = f"{error.get('description')} (error {error.get('err_code')})"
     raise kv_failure(PublishError(f"Publishing to {subject!r} failed: {reason}"), config.bucket)
 
 
-def kv_batches(batches: Iterator[pa.RecordBatch], columns: KvColumns, bucket: str) -> Iterator[pa.RecordBatch]:
-    """The bucket's messages of a task's rows: ``subject, data, headers`` (``WRITE_COLUMNS``)."""
-    prefix = key_prefix(bucket)
+def kv_batches(
+    batches: Iterator[pa.RecordBatch], columns: KvColumns, bucket: str, prefix: str
+) -> Iterator[pa.RecordBatch]:
+    """The bucket's messages of a task's rows: ``subject, data, headers`` (``WRITE_COLUMNS``), published to ``prefix``
+    and the key (``ConnectionOptions.kv_prefix``)."""
     for batch in batches:
         keys = batch.column(columns.key).cast(pa.string())
         bad = pc.invert(pc.fill_null(pc.match_substring_regex(keys, KEY_PATTERN), False))
@@ -197,7 +201,9 @@ def _headers(deletes: pa.Array, revisions: pa.Array | None) -> pa.Array:
     )
 
 
-_REFUSED = re.compile(r"Publishing to '\$KV\.[^.']+\.([^']+)' failed: wrong last sequence: (\d+)")
+_REFUSED = re.compile(
+    r"Publishing to '(?:\$JS\.[^.']+\.API\.)?\$KV\.[^.']+\.([^']+)' failed: wrong last sequence: (\d+)"
+)
 
 
 def kv_failure(exc: PublishError, bucket: str) -> PublishError:

@@ -48,7 +48,7 @@ def read_marker(conn: Connection, bucket: str, key: str) -> int:
 
 def write_marker(conn: Connection, bucket: str, key: str, batch_id: int) -> None:
     """Record ``batch_id`` under ``key``: a publish to the bucket's subject, failing unless the stream acks it."""
-    subject = f"$KV.{bucket}.{key}"
+    subject = f"{conn.options.kv_prefix(bucket)}{key}"
     try:
         raw = conn.run(retry.request(conn, subject, str(batch_id).encode()))
     except ClusterUnavailableError:
