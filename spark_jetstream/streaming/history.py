@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from spark_jetstream.client import messages
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.messages import time_ns
 from spark_jetstream.read.start import seq_at
@@ -67,4 +68,13 @@ def went_back(
     if seen == 0 or (last_seq == seen and last_ts == seen_ts):
         return None  # nothing then, or nothing since
     first_new = min(seq_at(api, stream, time_ns(seen_ts) + 1, last_seq), last_seq + 1)
-    return WentBack(stream, first_new, covered, seen, last_seq) if first_new <= seen else None
+    if first_new > seen or (first_new <= last_seq and _still_there(api, stream, seen, seen_ts)):
+        return None  # the message seen is still there: an earlier one stamped later by a leader whose clock ran ahead
+    return WentBack(stream, first_new, covered, seen, last_seq)
+
+
+def _still_there(api: JetStreamApi, stream: str, seq: int, stamp: str) -> bool:
+    """Whether the leader holds message ``seq`` stored at ``stamp`` (asked only when the stream seems to have gone
+    back: a missing message is an API error the server counts)."""
+    message = api.conn.run(messages.stored_message_async(api, stream, {"seq": seq}))
+    return message is not None and time_ns(message["time"]) == time_ns(stamp)
