@@ -104,3 +104,28 @@ def test_write_slices_stay_within_their_row_and_byte_bounds():
         if start + n < len(sizes) and n < 6:  # a slice ends early only because the next row would not fit
             assert sum(sizes[start : start + n + 1]) > 2000
     assert list(slices([], 6, 2000)) == []
+
+
+def test_a_message_sent_again_while_the_stream_stores_the_first_waits_for_that_ones_puback(conn):
+    """``duplicate message id is in process`` (10158) answers a message sent again while the stream still stores
+    the first: the message stays owed, its first PubAck answers it (a streaming write's task failed on it)."""
+    from spark_jetstream.client.publish import Publisher, _split, command, header_block
+
+    publisher = Publisher(conn, resend=True)
+    publisher.reserve(2, lambda i: f"s.{i}")
+    publisher.sent = 2
+    in_process = b'{"error":{"code":503,"err_code":10158,"description":"duplicate message id is in process"}}'
+    publisher._on_ack(publisher.reply_prefix + b"0", b"", in_process, None)
+    assert (publisher.failures, publisher.outstanding) == ([], 2)
+    publisher._on_ack(publisher.reply_prefix + b"0", b"", b'{"stream":"S","seq":1}', None)
+    other = b'{"error":{"code":400,"err_code":10060,"description":"expected stream does not match"}}'
+    publisher._on_ack(publisher.reply_prefix + b"1", b"", other, None)
+    assert publisher.result.count == 1
+    assert publisher.failures == ["Publishing to 's.1' failed: expected stream does not match (error 10060)"]
+    # what goes out again is cut from the commands as sent, one message at a time
+    parts = [
+        command(b"s.0", b"r.0", b"x" * 10, None),
+        command(b"s.1", b"r.1", b"y\r\nPUB a b 1\r\n", header_block({"Nats-Msg-Id": "1"})),
+        command(b"s.2", b"r.2", b"", None),
+    ]
+    assert [bytes(part) for part in _split(b"".join(parts))] == parts

@@ -13,7 +13,8 @@ one by one. Either way each message's reply subject is ``<prefix>.<token>``, wit
 out by ``Publisher.reserve``, so a failed PubAck can be traced back to its subject, and the PubAcks
 that came are known token by token. Messages that all carry a ``Nats-Msg-Id`` are sent again when no
 PubAck came for ``RESEND_AFTER`` s (a stream leader that froze or died swallowed them; the connection's
-server went silent): the stream stores each once (decision 0026).
+server went silent): the stream stores each once (decision 0026). While nothing answers only the oldest one owed goes
+out again, a probe every ``RESEND_AFTER`` s; once PubAcks come again, each message still owed goes out once more.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ log = logging.getLogger(__name__)
 RESEND_AFTER = ATTEMPT_TIMEOUT
 """Seconds without any PubAck, while some are owed, after which messages that carry a ``Nats-Msg-Id`` are sent again
 (a stream acks within milliseconds; one whose leader froze or died swallowed what was sent to it)."""
+IN_PROCESS = b'"err_code":10158'
+"""A PubAck error for a message sent again while the stream still works on the first one (``duplicate message id is
+in process``): the first one's PubAck will answer for both."""
 
 Message = tuple[str, bytes, dict[str, str] | None]
 """(subject, payload, headers or None)."""
@@ -145,6 +149,8 @@ class Publisher:
         self.sent = 0
         self.outstanding_bytes = 0
         self.resent = 0  # messages sent again
+        self._stalled = False  # the oldest message owed went out again, and no PubAck came since
+        self._catching_up: asyncio.Task[None] | None = None
         self._floor = 0  # every token below it has its PubAck
         self._ahead: set[int] = set()  # tokens at or above the floor with their PubAck (acks out of order)
         # (first token, end token, bytes, the commands while they may be sent again) of each send not wholly acked
@@ -215,7 +221,7 @@ class Publisher:
 
     async def _wait(self, event: asyncio.Event, deadline: float) -> None:
         """Wait for ``event`` until ``deadline`` (loop time); with ``resend``, every ``RESEND_AFTER`` s without a
-        PubAck the sends not wholly acked go out again."""
+        PubAck the oldest message owed goes out again (``_send_again``)."""
         loop = asyncio.get_running_loop()
         while True:
             remaining = deadline - loop.time()
@@ -223,29 +229,59 @@ class Publisher:
                 raise self._timeout_error()
             answered = self._floor + len(self._ahead)
             try:
-                await asyncio.wait_for(event.wait(), min(remaining, RESEND_AFTER) if self.resend else remaining)
+                wait = min(remaining, RESEND_AFTER) if self.resend else remaining
+                await asyncio.wait_for(event.wait(), wait)
                 return
             except TimeoutError:
                 if self.resend and answered == self._floor + len(self._ahead) and loop.time() < deadline:
                     await self._send_again()
 
     async def _send_again(self) -> None:
-        """The sends not wholly acked, again: their messages carry ids, so the stream stores each once."""
-        again = sum(end - first for first, end, _, _ in self._sends)
+        """Nothing answered for a while: a stream leader froze or died, or the connection moved. Only the oldest
+        message owed goes out again (a probe: sending the whole window into a leader that swallows it again is
+        traffic for nothing, 2.2-3.9 publishes a row through an 8 s freeze); the others go out once PubAcks come again
+        (``_catch_up``)."""
+        if not self._sends or self._sends[0][3] is None:
+            return
+        first, _, _, commands = self._sends[0]
+        probe = _split(commands)[self._floor - first]
         log.info(
-            "No PubAck for %.1f s from %s: sending %d messages again with their msg ids (a stream leader froze or "
-            "died, or the connection moved)",
+            "No PubAck for %.1f s from %s: sending the oldest message owed again with its msg id (a stream leader "
+            "froze or died, or the connection moved; %d owed)",
             RESEND_AFTER,
             self.conn.server_url,
-            again,
+            self.outstanding,
         )
-        self.resent += again
+        self._stalled = True
+        self.resent += 1
+        await self._queue([probe])
+
+    async def _queue(self, commands: list[bytes | memoryview]) -> None:
         client = self.conn.client
-        for _, _, _, commands in self._sends:
-            if commands is not None:
-                queue_commands(client, commands)
+        for part in commands:
+            queue_commands(client, part)
         if client._flush_queue is not None and client._flush_queue.empty():
             await client._flush_pending()
+
+    def _catch_up(self) -> None:
+        """PubAcks came again after a stall: every message still owed goes out once more (what the stalled leader
+        swallowed; one that its PubAck was on the way for is a duplicate the stream drops)."""
+        self._stalled = False
+        owed: list[bytes | memoryview] = []
+        for first, end, _, commands in self._sends:
+            if commands is None:
+                continue
+            if first >= self._floor and not any(first <= token < end for token in self._ahead):
+                owed.append(commands)  # none of it answered: as sent
+                continue
+            owed += [
+                part
+                for token, part in enumerate(_split(commands), first)
+                if token >= self._floor and token not in self._ahead
+            ]
+        if owed:
+            self.resent += sum(1 for part in owed for _ in _split(part))
+            self._catching_up = asyncio.ensure_future(self._queue(owed))
 
     async def finish(self) -> PublishResult:
         """Wait until every message sent has its PubAck; raise ``PublishError`` on any failure."""
@@ -315,6 +351,8 @@ class Publisher:
         if self.resend and headers is not None and headers.startswith(_NO_RESPONDERS) and token.isdigit():
             self._not_taken(int(token))
             return
+        if self.resend and IN_PROCESS in data:
+            return  # the message went out again while the stream still stored the first: that one's PubAck answers
         if token.isdigit() and not self._first_ack(int(token)):
             return  # a PubAck again, for a message sent again: it has its answer
         if headers is not None and headers.startswith(STATUS_PREFIX):
@@ -363,6 +401,8 @@ class Publisher:
     def _answered(self) -> None:
         """More PubAcks: a send's bytes are released once all its tokens are below the floor (PubAcks of several
         streams may interleave, which only delays the release)."""
+        if self._stalled:
+            self._catch_up()
         floor, sends, subjects = self._floor, self._sends, self._subjects
         while sends and sends[0][1] <= floor:
             self.outstanding_bytes -= sends.popleft()[2]
@@ -380,6 +420,25 @@ class Publisher:
         if reason.startswith("503"):
             reason = f"{reason}: no stream captures this subject (create one, or fix the subject)"
         self.failures.append(f"Publishing to {sent_to!r} failed: {reason}")
+
+
+_COMMAND = re.compile(rb"H?PUB [^ \r\n]++ [^ \r\n]++ (?:\d++ )?(\d++)\r\n")
+
+
+def _split(commands: bytes | memoryview) -> list[memoryview]:
+    """Ready ``PUB``/``HPUB`` commands (``command``'s), one view each."""
+    view = memoryview(commands)
+    data = view.obj if isinstance(view.obj, bytes | bytearray) and len(view.obj) == len(view) else bytes(view)
+    parts = []
+    position = 0
+    while position < len(view):
+        line = _COMMAND.match(data, position)
+        if line is None:
+            raise ValueError(f"not a PUB/HPUB command at byte {position}")
+        end = line.end() + int(line.group(1)) + 2
+        parts.append(view[position:end])
+        position = end
+    return parts
 
 
 def publish_all(

@@ -357,6 +357,7 @@ class AtomicWriter:
         start = end - sum(piece.num_rows for piece in slices)
         sent: set[str] = set()  # this attempt's atomic batches of these rows: an unanswered one may be stored
         attempt = 0
+        code: int | None = None  # the last try's answer
         while True:
             stored = marker.rows_of(self.batch_id)
             if marker.stored_by in sent:
@@ -377,7 +378,7 @@ class AtomicWriter:
             mine = Marker(0, self.batch_id, chunk, end, uuid.uuid4().hex, end_print)
             sent.add(mine.stored_by)
             wait = min(self.timeout, COMMIT_WAIT)
-            code, seq, reason = self.conn.run(self._send(slices, mine, marker.seq, wait))
+            code, seq, reason = self.conn.run(self._send(slices, mine, marker.seq, wait, code == TOO_MANY_BATCHES))
             if code is None:
                 return replace(mine, seq=seq), end - start
             if code not in _RETRIED:
@@ -415,11 +416,14 @@ class AtomicWriter:
             future.set_result(data if headers is None else headers + data)
 
     async def _send(
-        self, slices: list[pa.RecordBatch], marker: Marker, expected: int, wait: float
+        self, slices: list[pa.RecordBatch], marker: Marker, expected: int, wait: float, ask_first: bool = False
     ) -> tuple[int | None, int, str]:
         """One atomic batch: the rows, then ``marker`` as its commit (expecting the marker subject's last seq to be
         ``expected``). Returns (None, the marker's seq, "") when stored, else (error code, 0, reason); code 0: no
-        answer within ``wait`` (the outcome is unknown: a request into a dropped connection is lost)."""
+        answer within ``wait`` (the outcome is unknown: a request into a dropped connection is lost). ``ask_first``
+        (the server had too many batches in flight): the rest goes out only once the first message's answer says
+        the batch started, so a refusal costs one message, not the batch (41 refusals of a 1,000-row batch through
+        an 8 s stall sent 3.1 messages a row)."""
         loop = asyncio.get_running_loop()
         batch = marker.stored_by
         prefix = f"{self.inbox}.{batch}-".encode()  # late answers to an earlier attempt match no future
@@ -443,6 +447,24 @@ class AtomicWriter:
             EXPECTED_SUBJECT_SEQ_HEADER: str(expected),
         }
         parts.append(command(self.subject.encode(), commit, marker.body(), header_block(headers)))
+        if ask_first:
+            queue_commands(self.conn.client, parts[0])
+            await self.conn.client._flush_pending()
+            try:
+                answer = await asyncio.wait_for(answers[first], wait)
+            except TimeoutError:
+                return 0, 0, f"no answer to the batch's first message within {wait:g}s"
+            if answer.startswith(STATUS_PREFIX + b"503"):
+                return NO_STREAM_LEADER, 0, "503, no responders (the stream has no leader right now)"
+            started = _json(answer)
+            if "error" in started:
+                error = started["error"]
+                return (
+                    int(error.get("err_code") or -1),
+                    0,
+                    f"{error.get('description')} (error {error.get('err_code')})",
+                )
+            parts = parts[1:]
         for part in parts:
             queue_commands(self.conn.client, part)
         await self.conn.client._flush_pending()
