@@ -284,3 +284,51 @@ def test_timestamps_name_the_same_messages_on_every_release(spark, versioned_ser
         assert api.consumer_names("TIMED") == []  # nothing made on the server
     finally:
         api.delete_stream("TIMED")
+
+
+def test_a_rolling_upgrade_s_older_leaders_are_told_apart_from_the_server_connected_to():
+    """A cluster in the middle of a rolling upgrade: two servers on the default release and one on 2.10.26, a stream
+    placed on the old one (its leader). A query connected to a new server: a timestamp names the right message (the
+    old leader ignores ``start_time``, so its answer is checked and the messages searched), and a group read is
+    refused naming the old leader of its member consumer instead of waiting out RESETs it never answers."""
+    import time
+    from datetime import UTC, datetime
+
+    from spark_jetstream.read.start import seq_at
+    from spark_jetstream.streaming.config import SourceConfig
+    from spark_jetstream.streaming.coordinator import Coordinator
+    from spark_jetstream.streaming.planning import Limits
+    from spark_jetstream.tools.embedded import EmbeddedCluster
+
+    cluster = EmbeddedCluster(3, name="mixed")
+    cluster.servers[2].binary = server_binary("2.10.26")
+    for index, server in enumerate(cluster.servers):
+        server.extra["server_tags"] = ["old" if index == 2 else "new"]
+    cluster.start()
+    options = ConnectionOptions(servers=(cluster.servers[0].url,))
+    try:
+        api = JetStreamApi(connect(options))
+        config = partitioned_stream_config("OLD", "old.*", 2)
+        api.create_stream({**config, "placement": {"tags": ["old"]}})
+        publish_all(api.conn, ((f"old.k{i}", b"early", None) for i in range(100)))
+        time.sleep(0.05)
+        mark = datetime.now(UTC)
+        time.sleep(0.05)
+        publish_all(api.conn, ((f"old.k{i}", b"late", None) for i in range(50)))
+        assert seq_at(api, "OLD", mark, 150) == 101
+        source = SourceConfig.parse({"servers": cluster.servers[0].url, "stream": "OLD", "group": "g"})
+        coordinator = Coordinator(source)
+        try:
+            with pytest.raises(ServerTooOldError) as refused:
+                coordinator.latest(coordinator.watermark(0), Limits())
+        finally:
+            coordinator.close()
+        assert str(refused.value) == (
+            "Member consumer 'g-0' on stream 'OLD' is led by a server that runs nats-server 2.10, but consumer groups "
+            "(priority-group pins and consumer RESET) need 2.14.5 or newer on the server that leads each member "
+            "consumer (they are served there, not by the server the query connects to): finish upgrading the "
+            "servers, or move its leader (`nats consumer cluster step-down OLD g-0`)."
+        )
+    finally:
+        disconnect(options)
+        cluster.close()

@@ -17,12 +17,16 @@ answered), or done another way:
   consumer without the pin (it drops the fields it does not know), 2.11-2.12 have no RESET, and before 2.14.5 a
   non-JSON pull could crash a server with priority-group consumers.
 
-In a cluster the version checked is that of the server the connection is on.
+In a cluster the version checked is that of the server the connection is on, and where a call is served by an
+asset's leader (consumer RESET and pins, atomic batches) that leader's too: during a rolling upgrade a connection to a
+new server reaches leaders on old ones (``leader_version``).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Any
 
 from spark_jetstream.errors import ServerTooOldError
 
@@ -38,9 +42,13 @@ class Feature:
 
     @property
     def shown_since(self) -> str:
-        """``2.11`` for 2.11.0, ``2.14.5``."""
-        major, minor, patch = self.since
-        return f"{major}.{minor}" + (f".{patch}" if patch else "")
+        return shown(self.since)
+
+
+def shown(version: Version) -> str:
+    """``2.11`` for 2.11.0, ``2.14.5``."""
+    major, minor, patch = version
+    return f"{major}.{minor}" + (f".{patch}" if patch else "")
 
 
 ANY_USE = Feature("spark-jetstream", (2, 10, 0))
@@ -48,6 +56,14 @@ MESSAGE_BY_TIME = Feature("STREAM.MSG.GET by start_time", (2, 11, 0))
 BATCHED_DIRECT_GET = Feature("batched Direct Get", (2, 11, 0))
 ATOMIC_BATCHES = Feature("atomic batch publish", (2, 12, 0))
 GROUPS = Feature("consumer groups (priority-group pins and consumer RESET)", (2, 14, 5))
+
+
+def leader_version(info: dict[str, Any]) -> Version:
+    """The version of the server that answered a stream's or consumer's info, its leader: the ``_nats.ver`` servers
+    since 2.11 add to an asset's metadata; 2.10 (or older, ``shown`` as 2.10) without it."""
+    shown = ((info.get("config") or {}).get("metadata") or {}).get("_nats.ver", "")
+    numbers = re.match(r"(\d+)\.(\d+)\.(\d+)", shown)
+    return (int(numbers[1]), int(numbers[2]), int(numbers[3])) if numbers else (2, 10, 0)
 
 
 def supports(version: Version, feature: Feature) -> bool:

@@ -151,11 +151,6 @@ async def first_on_leader(api: JetStreamApi, stream: str, filters: Sequence[str]
     return min((seq for seq in found if seq is not None and seq <= end), default=None)
 
 
-def next_seq(api: JetStreamApi, stream: str, request: dict[str, Any]) -> int | None:
-    """``next_seq_async`` from sync code."""
-    return api.conn.run(next_seq_async(api, stream, request))
-
-
 def may_direct_get(api: JetStreamApi, stream: str) -> bool:
     """Whether the NATS user may send Direct Get requests to ``stream`` (a stream that allows Direct Get).
 

@@ -23,12 +23,16 @@ def seq_at(api: JetStreamApi, stream: str, when: datetime | int, last_seq: int) 
     """The seq of the first message stored at or after ``when`` (a time, or ns since the epoch; ``last_seq + 1`` if
     none), asked of the stream leader: every read mode answers a timestamp alike, with or without Direct Get.
     nats-server 2.10 ignores ``start_time`` in ``STREAM.MSG.GET`` (it answers the first message): there the leader's
-    messages are searched by seq, their times growing with it (``_seq_at_by_search``)."""
+    messages are searched by seq, their times growing with it (``_seq_at_by_search``), and so they are where an answer
+    is stored before ``when`` (a 2.10 leader behind a newer server during a rolling upgrade)."""
     wanted = when if isinstance(when, int) else (when - _EPOCH) // timedelta(microseconds=1) * 1000
     if not api.conn.supports(MESSAGE_BY_TIME):
         return api.conn.run(_seq_at_by_search(api, stream, wanted, last_seq))
-    found = messages.next_seq(api, stream, {"start_time": messages.time_text(wanted), "next_by_subj": ">"})
-    return found if found is not None else last_seq + 1
+    request = {"start_time": messages.time_text(wanted), "next_by_subj": ">"}
+    found = api.conn.run(messages.stored_message_async(api, stream, request))
+    if found is not None and messages.stored_time_ns(found) < wanted:  # the leader ignored start_time
+        return api.conn.run(_seq_at_by_search(api, stream, wanted, last_seq))
+    return int(found["seq"]) if found is not None else last_seq + 1
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jetstream.client.connection import Connection
-from spark_jetstream.client.features import ATOMIC_BATCHES
+from spark_jetstream.client.features import ATOMIC_BATCHES, leader_version, shown, supports
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.messages import last_message_async
 from spark_jetstream.client.progress_markers import marker_subject
@@ -92,11 +92,13 @@ def progress_target(conn: Connection, prefix: str | None, max_messages: int) -> 
         )
     stream = streams[0]
     if not conn.supports(ATOMIC_BATCHES):
-        shown = ".".join(map(str, conn.server_version))
-        return _within_window(f"the server runs nats-server {shown}; atomic batches need 2.12")
-    config = api.stream_info(stream)["config"]
-    if not config.get("allow_atomic"):
+        return _within_window(f"the server runs nats-server {shown(conn.server_version)}; atomic batches need 2.12")
+    info = api.stream_info(stream)
+    if not info["config"].get("allow_atomic"):
         return _within_window(f"stream {stream!r} does not allow atomic batches (allow_atomic: true)")
+    if not supports(leader_version(info), ATOMIC_BATCHES):  # a batch is served by the stream's leader
+        running = shown(leader_version(info))
+        return _within_window(f"stream {stream!r}'s leader runs nats-server {running}; atomic batches need 2.12")
     return ProgressTarget(stream, prefix, max_messages)
 
 

@@ -16,6 +16,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from spark_jetstream.client.features import GROUPS, leader_version, shown, supports
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import (
     ApiError,
@@ -23,6 +24,7 @@ from spark_jetstream.errors import (
     DataLossError,
     GroupConfigError,
     OptionError,
+    ServerTooOldError,
 )
 from spark_jetstream.groups.layout import GroupLayout
 from spark_jetstream.options import ACK_POLICIES, DEFAULT_PRIORITY_TIMEOUT
@@ -333,7 +335,18 @@ class MemberConsumers:
 
     def _reconcile(self, committed: int, retention: str) -> None:
         self.ensure(retention)
-        for member, info in self.infos().items():
+        infos = self.infos()
+        for member, info in infos.items():  # RESET and pins are served by each consumer's leader
+            if info is not None and not supports(leader_version(info), GROUPS):
+                consumer, running = self.layout.consumer(member), shown(leader_version(info))
+                raise ServerTooOldError(
+                    f"Member consumer {consumer!r} on stream {self.stream!r} is led by a server that runs nats-server "
+                    f"{running}, but {GROUPS.name} need {GROUPS.shown_since} or newer on the server that leads each "
+                    "member consumer (they are served there, not by the server the query connects to): finish "
+                    f"upgrading the servers, or move its leader (`nats consumer cluster step-down {self.stream} "
+                    f"{consumer}`)."
+                )
+        for member, info in infos.items():
             floor = info["ack_floor"]["stream_seq"] if info else 0
             # A floor also runs ahead over seqs its filter does not match (other members' messages):
             # that is harmless while every message above the checkpoint is still there.
