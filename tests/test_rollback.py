@@ -16,6 +16,7 @@ from typing import Any
 
 import nats
 import pytest
+from helpers import wait_for
 
 from spark_jetstream.client.connection import connect
 from spark_jetstream.client.connection_options import ConnectionOptions
@@ -39,14 +40,7 @@ class Store:
         self.copy = root / "copy"
 
     def publish(self, subject: str, texts: list[str]) -> None:
-        async def send() -> None:
-            nc = await nats.connect(self.server.url)
-            js = nc.jetstream()
-            for text in texts:
-                await js.publish(subject, text.encode())
-            await nc.close()
-
-        asyncio.run(send())
+        publish(self.server.url, subject, texts)
 
     def keep(self) -> None:
         """Copy the store as it is now (the server stopped for it, then started again)."""
@@ -60,6 +54,19 @@ class Store:
         shutil.rmtree(self.js)
         shutil.copytree(self.copy, self.js)
         self.server.start()
+
+
+def publish(url: str, subject: str, texts: list[str]) -> None:
+    """One message per text, each awaited for its PubAck."""
+
+    async def send() -> None:
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        for text in texts:
+            await js.publish(subject, text.encode())
+        await nc.close()
+
+    asyncio.run(send())
 
 
 @pytest.fixture
@@ -202,3 +209,97 @@ def test_a_groups_floors_never_pass_what_the_stream_holds(store: Store):
         assert lenient.latestOffset(end, None) == end
     assert rows == [(seq, f"new{seq}".encode()) for seq in range(21, 61)]
     assert floors() == [60, 60]
+
+
+def test_a_member_consumer_put_back_with_the_store_is_named_so(store: Store):
+    """A running group query whose server's store is put back: its member consumers carry an earlier run's owner
+    again, which the query names as what it is, not as another client's change."""
+    from spark_jetstream.errors import GroupConfigError
+
+    api = JetStreamApi(connect(ConnectionOptions(servers=(store.server.url,))))
+    api.create_stream(partitioned_stream_config("GB", "gb.*", 2))
+    for i in range(20):
+        store.publish(f"gb.k{i % 5}", [f"old{i}"])
+    options = {"servers": store.server.url, "stream": "GB", "group": "g"}
+    with run(options) as first:  # makes the member consumers, its owner in their metadata
+        early, _ = batch(first, spark_json(first.initialOffset()))
+        first.commit(early)
+    store.keep()
+    with run(options) as second:
+        checkpoint, _ = batch(second, early)
+        second.commit(checkpoint)
+        store.put_back()
+        keeper = second.coordinator.group.pins  # type: ignore[union-attr]
+        assert keeper is not None
+        with pytest.raises(
+            GroupConfigError, match="went back to how an earlier run of a spark-jetstream query left it"
+        ):
+            second.coordinator.conn.run(keeper.check())
+
+
+def test_a_replicated_stream_whose_majority_went_back_fails_the_query_through_any_server():
+    """R3: two replicas' stores put back to seq 20 under a checkpoint at 40, the three servers stopped, those two
+    started first (they elect a leader at seq 20), then the third, which keeps its longer log and may answer Direct
+    Gets with the old messages. The check asks the leader, so a query connected to the third server fails too."""
+    from spark_jetstream.tools.embedded import EmbeddedCluster
+
+    cluster = EmbeddedCluster(3, name="rb3").start()
+    copies: list[Path] = []
+    try:
+        api = JetStreamApi(connect(ConnectionOptions(servers=(cluster.servers[0].url,))))
+        api.create_stream({"name": "R3", "subjects": ["r3.>"], "num_replicas": 3})
+
+        def publish_r3(prefix: str, first: int, last: int) -> None:
+            publish(cluster.servers[0].url, "r3.a", texts(prefix, first, last))
+
+        def restart(first: list[int], then: list[int]) -> None:
+            for server in cluster.servers:
+                server.stop()
+            for index in first:
+                cluster.servers[index].launch()
+            for index in first:
+                cluster.servers[index].wait_ready()
+            wait_for(lambda: _last_seq(cluster.servers[first[0]].url) is not None, 30, "the stream to have a leader")
+            for index in then:
+                cluster.servers[index].start()
+
+        publish_r3("old", 1, 20)
+        for server in cluster.servers:
+            server.stop()
+        for index in (0, 1):
+            copies.append(Path(cluster.servers[index].dir, "copy"))
+            shutil.copytree(Path(cluster.servers[index].dir, "js"), copies[-1])
+        restart([0, 1, 2], [])
+        wait_for(lambda: _last_seq(cluster.servers[0].url) == 20, 30, "the stream back at seq 20")
+        publish_r3("old", 21, 40)
+        options = {"servers": cluster.servers[2].url, "stream": "R3"}
+        with run(options) as first:
+            checkpoint, rows = batch(first, spark_json(first.initialOffset()))
+            first.commit(checkpoint)
+        assert [seq for seq, _ in rows] == list(range(1, 41))
+
+        for server in cluster.servers:
+            server.stop()
+        for index in (0, 1):
+            shutil.rmtree(Path(cluster.servers[index].dir, "js"))
+            shutil.copytree(copies[index], Path(cluster.servers[index].dir, "js"))
+        restart([0, 1], [2])
+        wait_for(lambda: _last_seq(cluster.servers[0].url) == 20, 30, "the stream's leader at seq 20")
+        publish_r3("new", 21, 60)
+        with run(options) as strict, pytest.raises(DataLossError, match="its messages 21..40 as the checkpoint's"):
+            strict.latestOffset(checkpoint, None)
+    finally:
+        cluster.close()
+
+
+def _last_seq(url: str) -> int | None:
+    async def ask() -> int | None:
+        nc = await nats.connect(url)
+        try:
+            return (await nc.jetstream().stream_info("R3")).state.last_seq
+        except Exception:
+            return None
+        finally:
+            await nc.close()
+
+    return asyncio.run(ask())

@@ -191,6 +191,15 @@ class MemberConsumers:
                 member, self.ack_wait, metadata, self.ack_policy, self.priority_timeout
             )
             changes = _changes(wanted, info)
+            earlier = (info["config"].get("metadata") or {}).get(OWNER_METADATA_KEY)
+            if changes and earlier and earlier != self.owner:
+                return GroupConfigError(
+                    f"Member consumer {consumer!r} on stream {self.stream!r} went back to how an earlier run of a "
+                    f"spark-jetstream query left it ({'; '.join(changes)}): its server's store was put back to an "
+                    "earlier copy (a restored backup or disk snapshot, or writes lost before they were synced to "
+                    "disk), and its ack floor with it. Restart the query: it checks the stream against its "
+                    "checkpoint (failOnDataLoss)."
+                )
             if changes:
                 return GroupConfigError(
                     f"Member consumer {consumer!r} on stream {self.stream!r} was changed by another client while "
