@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 from helpers import wait_for
 
-from spark_jetstream.client.connection import connect, disconnect
+from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.errors import DataLossError, GroupConfigError, OptionError, ReaderError
@@ -317,3 +317,43 @@ def test_a_stream_created_again_is_refused_or_read_from_its_first_message(nats_s
         ), warned
     finally:
         api.delete_stream("Again2")
+
+
+def test_an_idle_query_waits_for_the_next_message_instead_of_polling(monkeypatch):
+    """Caught up and idle, Spark asks ``latestOffset`` every 10 ms: stream info is asked once a second instead of ten
+    times (the server's ``/jsz`` API count), and a message published then is planned at the first call after it
+    arrives, which the query's subscription on the stream's subjects tells."""
+    import urllib.request
+
+    from spark_jetstream.streaming import coordinator as coordinator_module
+
+    monkeypatch.setattr(coordinator_module, "IDLE_AFTER", 0.3)
+    with EmbeddedServer(name="idle") as server:
+
+        def api_calls() -> int:
+            with urllib.request.urlopen(f"{server.monitor}/jsz") as answer:
+                return int(json.load(answer)["api"]["total"])
+
+        options = ConnectionOptions(servers=(server.url,))
+        try:
+            api = JetStreamApi(connect(options))
+            api.create_stream({"name": "IDLE", "subjects": ["idle.>"], "allow_direct": True})
+            publish_all(api.conn, ((f"idle.{i}", b"x", None) for i in range(10)))
+            coordinator = Coordinator(SourceConfig.parse({"servers": server.url, "stream": "IDLE"}))
+            try:
+                start = coordinator.watermark(10)
+                time.sleep(0.3)
+                before = api_calls()
+                for _ in range(300):  # 3 s of Spark's polling
+                    assert coordinator.latest(start, Limits()) is None
+                    time.sleep(0.01)
+                idle_calls = api_calls() - before - 1  # less the count's own call
+                publish_all(api.conn, [("idle.new", b"y", None)])
+                wait_for(lambda: coordinator._waker.woken, 5, "the idle subscription to see the message")
+                end = coordinator.latest(start, Limits())
+            finally:
+                coordinator.close()
+        finally:
+            disconnect(options)
+    assert idle_calls <= 5, idle_calls  # 3 s at one a second; polling asked about 30 times
+    assert end is not None and end.seq == 11

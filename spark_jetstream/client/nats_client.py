@@ -97,10 +97,12 @@ class RawClient(_NatsClient):
 
     def refused(self, subject: str, since: float = 0.0) -> tuple[str, str] | None:
         """("publish to" or "subscribe to", the subject) when, at or after loop time ``since``, the server refused a
-        publish to ``subject`` or a subscription (``subject`` itself, or an inbox that replies come to); else None."""
+        publish to ``subject`` or a subscription (``subject`` itself, or an inbox that replies come to); else None.
+        A refused subscription to another subject (an idle query's on the stream's subjects) is not a request's."""
         wanted = subject.lower()
+        inboxes = bytes(self._inbox_prefix).decode().lower()
         for (kind, refused), at in self.violations.items():
-            if at >= since and (refused == wanted or kind == "subscription"):
+            if at >= since and (refused == wanted or (kind == "subscription" and refused.startswith(inboxes))):
                 action = "publish to" if kind == "publish" else "subscribe to"
                 return action, subject if refused == wanted else refused
         return None

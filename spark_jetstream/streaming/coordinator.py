@@ -35,11 +35,13 @@ from spark_jetstream.streaming.held_group import HeldGroup
 from spark_jetstream.streaming.history import WentBack, went_back
 from spark_jetstream.streaming.offsets import BatchEnd, Watermark
 from spark_jetstream.streaming.planning import Limits, batch_end
+from spark_jetstream.streaming.waker import IDLE_AFTER, IDLE_INTERVAL, Waker
 
 log = logging.getLogger(__name__)
 
 STREAM_INFO_INTERVAL = 0.1
-"""Seconds between stream-info calls while Spark polls an idle stream (it asks every 10 ms)."""
+"""Seconds between stream-info calls while Spark polls a stream that changes (it asks every 10 ms); an idle one is
+waited for instead (``streaming.waker``)."""
 STREAM_INFO_WAIT = 0.5
 """Seconds a stream-info call may take before planning goes on with the last stream state read: stream info needs
 the stream's leader, and a new one takes 4-9 s to elect after its server died, while what is stored up to the last
@@ -86,6 +88,8 @@ class Coordinator:
         self._skipped_to = 0  # the last seq of the removed messages the log said were skipped
         self._recreated: set[str] = set()  # creation times of streams deleted since, that the log said were left
         self._initial: int | None = None  # where this new query starts, once worked out (``_begin``)
+        self._changed_at = time.monotonic()  # when the stream's last seq last moved (``_interval``)
+        self._waker = Waker(self.conn, list(source_info["config"].get("subjects") or ()))
         self._history: tuple[tuple[Any, ...], WentBack | None] | None = None  # the last check of an offset's history
         self._went_back: set[int] = set()  # offsets whose stream went back, that the log said were read on from
         self.scope: ReadScope | None = None  # a read without a group: fixed for the run
@@ -114,21 +118,24 @@ class Coordinator:
             self.group.hold(self.pulls_members, self.state().retention)  # last: a refused query holds nothing
 
     def close(self) -> None:
-        """Give up the group, if any (safe on a half-built coordinator, and twice)."""
+        """Give up the group, if any, and the idle subscription (safe on a half-built coordinator, and twice)."""
+        if getattr(self, "_waker", None) is not None:
+            self._waker.disarm()
         if self.group is not None:
             self.group.close()
 
     # -- stream --------------------------------------------------------------------------------
 
     def state(self, fresh: bool = False) -> StreamState:
-        """Stream info, at most every ``STREAM_INFO_INTERVAL`` unless ``fresh``.
+        """Stream info, at most every ``STREAM_INFO_INTERVAL`` unless ``fresh`` (``IDLE_INTERVAL`` while the stream is
+        idle and no message woke the query: ``_interval``).
 
         Once the query has a state, a call unanswered within ``STREAM_INFO_WAIT`` (the stream's leader is being
         elected) gives the last state read, and so does every call for ``STREAM_INFO_RETRY`` after it: batches go on
         up to its last seq, which the replicas hold. An outage longer than the API deadline is waited out with the
         retry layer, which then says what was happening, as before."""
         now = time.monotonic()
-        if self._state is not None and not fresh and now - self._state_at < STREAM_INFO_INTERVAL:
+        if self._state is not None and not fresh and now - self._state_at < self._interval(now):
             return self._state
         since, asked = self._unanswered or (now, 0.0)
         if self._state is None or now - since >= self.conn.api_timeout:
@@ -152,9 +159,28 @@ class Coordinator:
         assert self._state is not None
         return self._state
 
+    def _interval(self, now: float) -> float:
+        """How long stream info read ``now - _state_at`` ago stays good: ``STREAM_INFO_INTERVAL`` while the stream
+        changes; once it is idle, ``IDLE_INTERVAL`` with the waker's subscription armed, and none once a message woke
+        it (the stream is then asked often again for ``IDLE_AFTER`` s)."""
+        waker = self._waker
+        if now - self._changed_at < IDLE_AFTER or waker.refused:
+            return STREAM_INFO_INTERVAL
+        if waker.woken:
+            waker.disarm()
+            waker.woken = False
+            self._changed_at = now
+            return 0.0
+        waker.arm()
+        waker.check()
+        return STREAM_INFO_INTERVAL if waker.refused else IDLE_INTERVAL
+
     def _take_state(self, info: dict[str, Any]) -> None:
         """Keep the stream info ``info`` of the read stream, read just now."""
         state = info["state"]
+        if self._state is not None and state["last_seq"] != self._state.last_seq:
+            self._changed_at = time.monotonic()
+            self._waker.disarm()
         self._state = StreamState(
             first_seq=state["first_seq"],
             last_seq=state["last_seq"],
