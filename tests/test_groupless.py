@@ -57,13 +57,14 @@ def team_server() -> Iterator[EmbeddedServer]:
         _user("direct", [p.format(s="EVENTS") for p in READ_ONLY["direct"]]),
         _user("pull", [p.format(s="LOGS") for p in READ_ONLY["pull"]]),
         _user("blind", ["$JS.API.INFO", "$JS.API.STREAM.INFO.EVENTS", "$JS.API.DIRECT.GET.EVENTS"]),
+        _user("nodelete", [p.format(s="LOGS") for p in READ_ONLY["pull"] if "DELETE" not in p]),
     ]
     with EmbeddedServer({"authorization": {"users": users}}, name="team") as server:
         admin = _admin(server)
         admin.create_stream(partitioned_stream_config("EVENTS", "events.*.*", 4))
         admin.create_stream({"name": "LOGS", "subjects": ["logs.>"]})
         yield server
-        for user in ("admin", "direct", "pull", "blind"):
+        for user in ("admin", "direct", "pull", "blind", "nodelete"):
             disconnect(_options(server, user))
 
 
@@ -322,3 +323,13 @@ def test_a_workqueue_stream_without_direct_get_is_refused_with_the_fix(spark, te
         )
     finally:
         admin.delete_stream("JOBS")
+
+
+def test_a_user_who_may_not_delete_consumers_reads_through_them(spark, team_server):
+    """``CONSUMER.DELETE`` withheld: a batch read through consumers of its own reads everything (the server removes
+    each consumer after its inactive threshold); the refused delete failed the task that had read its range."""
+    admin = _admin(team_server)
+    _publish(team_server, "LOGS", 300, "nodelete")
+    expected = [seq for seq, _, _, _ in stored(admin, "LOGS")]
+    df = spark.read.format("jetstream").options(servers=team_server.url, user="nodelete", password="nodelete-pw")
+    assert sorted(row.seq for row in df.option("stream", "LOGS").load().select("seq").collect()) == expected

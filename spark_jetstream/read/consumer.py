@@ -39,7 +39,14 @@ from spark_jetstream.client.protocol import (
     status_of,
     unreadable_delivery,
 )
-from spark_jetstream.errors import ApiError, ConnectError, ConsumerNotFoundError, ReaderError, StreamNotFoundError
+from spark_jetstream.errors import (
+    ApiError,
+    ConnectError,
+    ConsumerNotFoundError,
+    NotPermittedError,
+    ReaderError,
+    StreamNotFoundError,
+)
 from spark_jetstream.read.ranges import SeqRange
 from spark_jetstream.read.rows import RowBatches, RowBuffer
 
@@ -192,6 +199,13 @@ class _ConsumerRead:
             await asyncio.wait_for(self.api.delete_consumer_async(self.range.stream, consumer), 10)
         except (ConsumerNotFoundError, StreamNotFoundError):
             pass
+        except NotPermittedError:  # DELETE may be withheld from a read-only user: the server removes it anyway
+            log.info(
+                "The NATS user may not delete consumer %r of stream %r: the server removes it after %gs without pulls",
+                consumer,
+                self.range.stream,
+                INACTIVE_THRESHOLD,
+            )
         except (ApiError, ConnectError, TimeoutError) as exc:
             log.warning(
                 "Could not delete consumer %r of stream %r (the server removes it after %gs without pulls): %s",
