@@ -236,7 +236,7 @@ def test_where_the_markers_go_is_settled_before_any_task_runs(conn, api, atomic_
             assert progress_target(conn, None, 1000) is None
     finally:
         api.delete_stream("PLAIN")
-    said = [r.getMessage() for r in caplog.records if r.name == "spark_jetstream.sink.atomic"]
+    said = [r.getMessage() for r in caplog.records if "duplicate window" in r.getMessage()]
     assert len(said) == 1
     assert "exactly-once within the target stream's duplicate window only (stream 'PLAIN' does not allow" in said[0]
     assert "allow_atomic (nats-server 2.12+) and set progressSubject" in said[0]
@@ -432,3 +432,24 @@ def test_a_writer_refused_for_batches_in_flight_sends_its_first_message_until_on
         server.close()
     assert (result.published, result.skipped) == (2997, 0)
     assert sent < 1.5 * 3000, sent  # rows, markers, the refused batch, the later tries' first messages, marker reads
+
+
+def test_markers_on_a_stream_that_allows_rollups_keep_only_each_partitions_last(conn, api):
+    """Each marker rolls up its subject (``Nats-Rollup: sub``, in the atomic batch): one message per partition and
+    sink stays, whatever the batches (without rollups, a message per write task per batch accumulates)."""
+    api.create_stream({"name": "AT", "subjects": ["at.>", "atp.>"], "allow_atomic": True, "allow_rollup_hdrs": True})
+    try:
+        target = progress_target(conn, "atp", 100)
+        assert target == ProgressTarget("AT", "atp", 100, rollup=True)
+        config = SinkConfig(connection=conn.options)
+        commands = Commands(config, Columns(data=1, subject=0), None, conn.client.max_payload)
+        for batch_id in (0, 1):
+            write = AtomicWriter(conn, commands, target, "a1", batch_id, 0, timeout=10.0, max_bytes=1 << 20)
+            assert write.write(rows(0, 250)).published == 250
+        messages = stored(api, "AT")
+        assert [subject for _, subject, _, _ in messages if subject.startswith("atp.")] == ["atp.sjp-a1.0"]
+        assert len([subject for _, subject, _, _ in messages if subject.startswith("at.")]) == 500
+        marker = conn.run(read_marker(JetStreamApi(conn), "AT", "atp.sjp-a1.0"))
+        assert (marker.batch, marker.chunk, marker.rows) == (1, 2, 250)
+    finally:
+        api.delete_stream("AT")

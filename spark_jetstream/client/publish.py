@@ -53,6 +53,7 @@ EXPECTED_SUBJECT_SEQ_HEADER = "Nats-Expected-Last-Subject-Sequence"
 BATCH_ID_HEADER = "Nats-Batch-Id"
 BATCH_SEQUENCE_HEADER = "Nats-Batch-Sequence"
 BATCH_COMMIT_HEADER = "Nats-Batch-Commit"
+ROLLUP_HEADER = "Nats-Rollup"
 
 _STORED = rb'\{"stream":"[^"\\\r\n]*+"(?:,"[a-z_]++": ?+(?:"[^"\\\r\n]*+"|\d++|true))*+\}'
 """A PubAck that says stored (``{"stream":"S","seq":1}``, maybe a domain or ``"duplicate": true``)."""

@@ -45,6 +45,7 @@ from spark_jetstream.client.publish import (
     BATCH_ID_HEADER,
     BATCH_SEQUENCE_HEADER,
     EXPECTED_SUBJECT_SEQ_HEADER,
+    ROLLUP_HEADER,
     PublishError,
     command,
     header_block,
@@ -99,7 +100,20 @@ def progress_target(conn: Connection, prefix: str | None, max_messages: int) -> 
     if not supports(leader_version(info), ATOMIC_BATCHES):  # a batch is served by the stream's leader
         running = shown(leader_version(info))
         return _within_window(f"stream {stream!r}'s leader runs nats-server {running}; atomic batches need 2.12")
-    return ProgressTarget(stream, prefix, max_messages)
+    rollup = bool(info["config"].get("allow_rollup_hdrs"))
+    if not rollup and stream not in _said_no_rollup:
+        _said_no_rollup.add(stream)
+        log.warning(
+            "Stream %r does not allow rollups: the progress markers under %r stay, a message per write task per batch. "
+            "Allow them (`nats stream edit %s --allow-rollup`) to keep only each partition's last.",
+            stream,
+            prefix,
+            stream,
+        )
+    return ProgressTarget(stream, prefix, max_messages, rollup)
+
+
+_said_no_rollup: set[str] = set()
 
 
 def _within_window(why: str) -> None:
@@ -118,6 +132,7 @@ class ProgressTarget:
     stream: str
     prefix: str
     max_messages: int = 1000
+    rollup: bool = False  # the stream allows rollups: each marker removes the one before it on its subject
 
 
 @dataclass(frozen=True)
@@ -447,6 +462,7 @@ class AtomicWriter:
             BATCH_SEQUENCE_HEADER: str(sequence),
             BATCH_COMMIT_HEADER: "1",
             EXPECTED_SUBJECT_SEQ_HEADER: str(expected),
+            **({ROLLUP_HEADER: "sub"} if self.target.rollup else {}),
         }
         parts.append(command(self.subject.encode(), commit, marker.body(), header_block(headers)))
         if ask_first:
