@@ -17,12 +17,14 @@
 # MAGIC Where the package goes: the `%pip install` cell below installs it for this notebook, on every kind of compute.
 # MAGIC On serverless compute and on clusters in standard (shared) access mode, Spark runs behind Spark Connect: the
 # MAGIC notebook-scoped library reaches the Python workers, and `spark_jetstream.register(spark)` (in the next cell)
-# MAGIC makes `format("jetstream")` known. For a job on a classic cluster, add `spark-jetstream` as a cluster or job
-# MAGIC library instead. The runtime's own PySpark stays: the package does not install one.
+# MAGIC makes `format("jetstream")` known. For a job on a classic cluster, add the wheel as a cluster or job library
+# MAGIC instead. spark-jetstream is not on a public index yet: build its `manylinux` wheel from a checkout (README,
+# MAGIC Installing) and upload it to a Unity Catalog volume; the cell below installs it from there. The runtime's own
+# MAGIC PySpark stays: the package does not install one.
 
 # COMMAND ----------
 
-# MAGIC %pip install spark-jetstream
+# MAGIC %pip install /Volumes/main/default/libs/spark_jetstream-0.1.0-cp311-abi3-manylinux2014_x86_64.manylinux_2_17_x86_64.whl
 
 # COMMAND ----------
 
