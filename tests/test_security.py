@@ -182,9 +182,14 @@ def _tls_asked(how: str, server: EmbeddedServer, pki: dict[str, str]) -> dict[st
 def _fail(path: str, options: dict[str, str], spark: Any, tmp_path: Path) -> str:
     """Run ``path`` (a Spark read or write, or a command) with ``options``; the error it shows the user."""
     if path in ("cli", "demo"):
-        args = [f"--{name.replace('.', '-')}={value}" for name, value in options.items()]
+        secrets = {name: value for name, value in options.items() if name in ("token", "password")}  # from env vars
+        args = [f"--{name.replace('.', '-')}={value}" for name, value in options.items() if name not in secrets]
+        args += [f"--{name}-env=SJ_{name.upper()}" for name in secrets]
+        env = {**os.environ, **{f"SJ_{name.upper()}": value for name, value in secrets.items()}}
         command = ["status", "--stream", "S", "--group", "g"] if path == "cli" else ["demo", "--out", str(tmp_path)]
-        done = subprocess.run(["spark-jetstream", *command, *args], capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            ["spark-jetstream", *command, *args], capture_output=True, text=True, timeout=120, env=env
+        )
         assert done.returncode == 2, done.stdout + done.stderr
         return done.stderr
     with pytest.raises(Exception) as caught:
@@ -360,11 +365,12 @@ def test_secrets_never_reach_errors_logs_plans_progress_the_checkpoint_or_the_cl
 
         for name, (options, says) in cases.items():  # the command line
             given = {"servers": url, **options}
+            from_env = [key for key in given if "Secret" in key or key in ("password", "token")]  # text via env vars
             args = [
-                f"--{key}={value}" for key, value in given.items() if key != "connectTimeout" and "Secret" not in key
+                f"--{key}={value}" for key, value in given.items() if key != "connectTimeout" and key not in from_env
             ]
-            env = {f"SJ_{key.upper()}": value for key, value in given.items() if "Secret" in key}  # text via env var
-            args += [f"--{key.replace('Secret', '-secret')}-env=SJ_{key.upper()}" for key in given if "Secret" in key]
+            env = {f"SJ_{key.upper()}": given[key] for key in from_env}
+            args += [f"--{key.replace('Secret', '-secret')}-env=SJ_{key.upper()}" for key in from_env]
             done = subprocess.run(
                 ["spark-jetstream", "status", "--stream", "Sec", "--group", "g", *args],
                 capture_output=True,

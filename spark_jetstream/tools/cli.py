@@ -69,7 +69,8 @@ def _connection_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _from_env(option: Option) -> bool:
-    return option.name.endswith("Secret")
+    """A secret (a password, a token, a key's or a seed's text) comes from an environment variable the flag names."""
+    return option.secret
 
 
 def _connection_raw(args: argparse.Namespace) -> dict[str, str]:
