@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -16,10 +17,10 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import nats
 import pytest
@@ -617,3 +618,22 @@ def query_id_of(checkpoint: Path) -> str:
 
 def source_data(source) -> list[bytes]:
     return sorted(payload for _, payload, _, _ in source.messages.values())
+
+
+@contextlib.contextmanager
+def query_run(options: dict[str, str]) -> Iterator[Any]:
+    """One query run's driver-side stream reader (what Spark's Python streaming process holds); its end stands for
+    the driver's: the next run is a new reader on the same offsets."""
+    from spark_jetstream.source import JetStreamStreamReader
+    from spark_jetstream.streaming.config import SourceConfig
+
+    reader = JetStreamStreamReader(SourceConfig.parse(options))
+    try:
+        yield reader
+    finally:
+        reader.stop()
+
+
+def spark_json(offset: dict[str, Any]) -> dict[str, Any]:
+    """An offset as Spark logs it and hands it back: JSON text, parsed again."""
+    return json.loads(json.dumps(offset))

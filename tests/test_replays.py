@@ -6,14 +6,13 @@ sink)."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from helpers import add_messages, wait_for
+from helpers import add_messages, spark_json, wait_for
+from helpers import query_run as run
 
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.errors import DataLossError, OptionError
@@ -23,25 +22,8 @@ from spark_jetstream.read.mode import DIRECT, PULL
 from spark_jetstream.read.ranges import MemberRange, SeqRange, SmallBatch
 from spark_jetstream.source import JetStreamStreamReader
 from spark_jetstream.spark_compat import InputPartition
-from spark_jetstream.streaming.config import SourceConfig
 
 pytestmark = pytest.mark.slow
-
-
-@contextmanager
-def run(options: dict[str, str]) -> Iterator[JetStreamStreamReader]:
-    """One query run's driver-side reader (what Spark's Python streaming process holds); its end stands for the
-    driver's: the next run is a new reader on the same offsets."""
-    reader = JetStreamStreamReader(SourceConfig.parse(options))
-    try:
-        yield reader
-    finally:
-        reader.stop()
-
-
-def spark_json(offset: dict[str, Any]) -> dict[str, Any]:
-    """An offset as Spark logs it and hands it back: JSON text, parsed again."""
-    return json.loads(json.dumps(offset))
 
 
 def shape(parts: list[InputPartition]) -> list[Any]:

@@ -6,17 +6,16 @@ read in this process (as ``test_replays.py``)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import shutil
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
-from helpers import wait_for
+from helpers import query_run as run
+from helpers import spark_json, wait_for
 
 from spark_jetstream.client.connection import connect
 from spark_jetstream.client.connection_options import ConnectionOptions
@@ -24,7 +23,6 @@ from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import DataLossError
 from spark_jetstream.groups.layout import partitioned_stream_config
 from spark_jetstream.source import JetStreamStreamReader
-from spark_jetstream.streaming.config import SourceConfig
 from spark_jetstream.tools.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.slow
@@ -74,19 +72,6 @@ def store(tmp_path: Path) -> Iterator[Store]:
     made = Store(tmp_path)
     yield made
     made.server.stop()
-
-
-@contextmanager
-def run(options: dict[str, str]) -> Iterator[JetStreamStreamReader]:
-    reader = JetStreamStreamReader(SourceConfig.parse(options))
-    try:
-        yield reader
-    finally:
-        reader.stop()
-
-
-def spark_json(offset: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps(offset))
 
 
 def batch(reader: JetStreamStreamReader, start: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[int, bytes]]]:

@@ -468,36 +468,39 @@ class AtomicWriter:
         if ask_first:
             queue_commands(self.conn.client, parts[0])
             await self.conn.client._flush_pending()
-            try:
-                answer = await asyncio.wait_for(answers[first], wait)
-            except TimeoutError:
-                return 0, 0, f"no answer to the batch's first message within {wait:g}s"
-            if answer.startswith(STATUS_PREFIX + b"503"):
-                return NO_STREAM_LEADER, 0, "503, no responders (the stream has no leader right now)"
-            started = _json(answer)
+            started, failed = await _answer(answers[first], wait, "the batch's first message")
+            if failed is not None:
+                return failed
             if "error" in started:
-                error = started["error"]
-                return (
-                    int(error.get("err_code") or -1),
-                    0,
-                    f"{error.get('description')} (error {error.get('err_code')})",
-                )
+                return _failure_of(started["error"])
             parts = parts[1:]
         for part in parts:
             queue_commands(self.conn.client, part)
         await self.conn.client._flush_pending()
-        try:
-            answer = await asyncio.wait_for(answers[commit], wait)
-        except TimeoutError:
-            return 0, 0, f"no answer to the commit within {wait:g}s"
-        if answer.startswith(STATUS_PREFIX + b"503"):
-            return NO_STREAM_LEADER, 0, "503, no responders (the stream has no leader right now)"
-        ack = _json(answer)
+        ack, failed = await _answer(answers[commit], wait, "the commit")
+        if failed is not None:
+            return failed
         if "error" not in ack:
             return None, int(ack["seq"]), ""
         started = _json(answers[first].result()) if answers[first].done() else {}
-        cause = started.get("error") or ack["error"]  # why the batch did not start, if it did not
-        return int(cause.get("err_code") or -1), 0, f"{cause.get('description')} (error {cause.get('err_code')})"
+        return _failure_of(started.get("error") or ack["error"])  # why the batch did not start, if it did not
+
+
+async def _answer(
+    future: asyncio.Future[bytes], wait: float, what: str
+) -> tuple[dict[str, Any], tuple[int, int, str] | None]:
+    """The JSON answer to ``what``, or how ``_send`` fails without one: none within ``wait`` (code 0), or 503."""
+    try:
+        answer = await asyncio.wait_for(future, wait)
+    except TimeoutError:
+        return {}, (0, 0, f"no answer to {what} within {wait:g}s")
+    if answer.startswith(STATUS_PREFIX + b"503"):
+        return {}, (NO_STREAM_LEADER, 0, "503, no responders (the stream has no leader right now)")
+    return _json(answer), None
+
+
+def _failure_of(error: dict[str, Any]) -> tuple[int, int, str]:
+    return int(error.get("err_code") or -1), 0, f"{error.get('description')} (error {error.get('err_code')})"
 
 
 def _json(data: bytes) -> dict[str, Any]:
