@@ -24,7 +24,7 @@
 
 # COMMAND ----------
 
-# MAGIC %pip install /Volumes/main/default/libs/spark_jetstream-0.1.0-cp311-abi3-manylinux2014_x86_64.manylinux_2_17_x86_64.whl
+# MAGIC %pip install /Volumes/main/w/v/spark_jetstream-0.1.0-cp311-abi3-manylinux2014_x86_64.manylinux_2_17_x86_64.whl
 
 # COMMAND ----------
 
