@@ -19,7 +19,7 @@
 # MAGIC notebook-scoped library reaches the Python workers, and `spark_jetstream.register(spark)` (in the next cell)
 # MAGIC makes `format("jetstream")` known. For a job on a classic cluster, add the wheel as a cluster or job library
 # MAGIC instead. spark-jetstream is not on a public index yet: build its `manylinux` wheel from a checkout (README,
-# MAGIC Installing) and upload it to a Unity Catalog volume; the cell below installs it from there. The runtime's own
+# MAGIC Installing), upload it to a Unity Catalog volume and put its path in the cell below. The runtime's own
 # MAGIC PySpark stays: the package does not install one.
 
 # COMMAND ----------
