@@ -50,9 +50,9 @@ STREAM_INFO_RETRY = 0.75
 """Seconds after a stream-info call went unanswered during which planning asks no more and uses the last state read:
 ``latestOffset`` asks once a trigger, and the batch it plans goes on without asking again."""
 WENT_BACK_CONFIRM = 5.0
-"""Seconds a stream must keep saying it went back (``streaming.history``) before the query believes it: a leader that
-was frozen, then thawed, answers stream info with its state from before the freeze until it hears the new leader (a
-query through a 20 s freeze was failed so, its checkpoint at seq 8,320, the stale answer 2,592)."""
+"""Seconds a stream that says it went back (``streaming.history``) is asked again before the query believes it: a
+leader that was frozen, then thawed, answers stream info with its state from before the freeze until it hears the new
+leader (a query through a 20 s freeze was failed so, its checkpoint at seq 8,320, the stale answer 2,592)."""
 ONE_TASK_MESSAGES = 4096
 """A micro-batch of at most this many messages (and at most one record batch's bytes, estimated) is read by one task
 (one ``>`` range on a stream that is all the read's, else a ``SmallBatch``): at 5,000 msg/s, 4 tasks per batch made
@@ -96,7 +96,6 @@ class Coordinator:
         self._waker = Waker(self.conn, list(source_info["config"].get("subjects") or ()))
         self._history: tuple[tuple[Any, ...], WentBack | None] | None = None  # the last check of an offset's history
         self._went_back: set[int] = set()  # offsets whose stream went back, that the log said were read on from
-        self._went_back_since: float | None = None  # when the stream first said it went back, in a row
         self.scope: ReadScope | None = None  # a read without a group: fixed for the run
         if config.group is not None:
             self.conn.require(GROUPS, ", or read without the group option (the checkpoint alone holds the position)")
@@ -281,18 +280,13 @@ class Coordinator:
             fault_point("latest")  # the sink committed the last batch; the source has not acked it yet
         state = self.state()
         if not mark.initial:  # the stream still holds what ``start`` saw (asked of the leader before floors move)
-            resumed = self._resume(start, state, ask=self._floors_move(begin))
-            if resumed is None:
-                return None  # it says it went back: no batch, no floor moved, until that is confirmed
-            begin = resumed
+            begin = self._resume(start, state, ask=self._floors_move(begin))
         # `start` is in the commit log: the catch-up on an idle stream. At the end of an availableNow run (Spark asks
         # once more after its last batch, then stops the process) every floor is waited for: none lags behind.
         capped = self._available_now_cap is not None
         self._acknowledge(begin, settle=capped and begin >= (self._available_now_cap or 0))
         end = self._end(begin, state, limits, capped)
         if end > begin and not mark.initial and (resumed := self._resume(start, state)) != begin:
-            if resumed is None:
-                return None
             begin = resumed  # the stream went back since ``start`` was planned (failOnDataLoss=false)
             end = self._end(begin, state, limits, capped)
         if end <= (mark.seq if mark.initial else begin):
@@ -322,31 +316,18 @@ class Coordinator:
             end = state.last_seq  # the latest values are one batch, whatever the limits: a batch is a point in time
         return end
 
-    def _resume(self, offset: BatchEnd, state: StreamState, ask: bool = True) -> int | None:
+    def _resume(self, offset: BatchEnd, state: StreamState, ask: bool = True) -> int:
         """Where reading goes on after ``offset``: its seq, unless the stream went back from the history the offset saw
         (``streaming.history``), which fails the query, or with ``failOnDataLoss=false`` reads on before the first
-        seq reused, said once. None while the stream has said so for less than ``WENT_BACK_CONFIRM`` s: a leader
-        frozen and thawed answers with its old state until it hears the new one. ``ask=False``: only what stream info
-        tells (its last seq below the offset's), and the last answer for this offset and stream state."""
-        key = (offset.seq, offset.last, offset.last_ts, state.last_seq, state.last_ts)
-        if self._history is not None and self._history[0] == key:
-            went = self._history[1]
-        elif not ask and state.last_seq >= max(offset.seq, offset.last or 0):
-            self._went_back_since = None
-            return offset.seq
-        else:
-            went = went_back(
-                self.api, self.stream, offset.seq, offset.last, offset.last_ts, state.last_seq, state.last_ts
-            )
-            self._history = (key, went)
+        seq reused, said once. The stream's word is believed once it still says so after ``WENT_BACK_CONFIRM`` s of
+        asking again: a leader frozen and thawed answers with its old state until it hears the new one."""
+        went = self._went(offset, state, ask)
+        deadline = time.monotonic() + WENT_BACK_CONFIRM
+        while went is not None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            went = self._went(offset, self.state(fresh=True), True)
         if went is None:
-            self._went_back_since = None
             return offset.seq
-        now = time.monotonic()
-        if self._went_back_since is None:
-            self._went_back_since = now
-        if now - self._went_back_since < WENT_BACK_CONFIRM:
-            return None
         if self.config.fail_on_data_loss:
             raise DataLossError(
                 f"{went.sentence()} Set failOnDataLoss=false to read on from seq {went.resume_after + 1} (the new "
@@ -356,6 +337,18 @@ class Coordinator:
             self._went_back.add(offset.seq)
             log.warning("%s Reading on from seq %d (failOnDataLoss=false).", went.sentence(), went.resume_after + 1)
         return went.resume_after
+
+    def _went(self, offset: BatchEnd, state: StreamState, ask: bool) -> WentBack | None:
+        """``went_back`` for ``offset`` and ``state``, the last answer kept; ``ask=False``: only what stream info tells
+        (its last seq below the offset's)."""
+        key = (offset.seq, offset.last, offset.last_ts, state.last_seq, state.last_ts)
+        if self._history is not None and self._history[0] == key:
+            return self._history[1]
+        if not ask and state.last_seq >= max(offset.seq, offset.last or 0):
+            return None
+        went = went_back(self.api, self.stream, offset.seq, offset.last, offset.last_ts, state.last_seq, state.last_ts)
+        self._history = (key, went)
+        return went
 
     @property
     def snapshot(self) -> bool:
@@ -517,5 +510,5 @@ class Coordinator:
         """Spark committed the batch ending at ``end``: the ack on commit, up to where the stream still holds what the
         batch saw."""
         end = end if isinstance(end, BatchEnd) else BatchEnd(end)
-        if self._floors_move(end.seq) and (seq := self._resume(end, self.state(fresh=True))) is not None:
-            self._acknowledge(seq)  # else the floors move at the next batch, once the stream's word is confirmed
+        if self._floors_move(end.seq):
+            self._acknowledge(self._resume(end, self.state(fresh=True)))

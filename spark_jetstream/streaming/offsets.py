@@ -87,14 +87,17 @@ class BatchEnd:
 
     @classmethod
     def from_offset(cls, offset: dict[str, Any], mark: Watermark) -> BatchEnd:
-        """``offset`` (whose watermark is ``mark``) with what it carries for its replay."""
+        """``offset`` (whose watermark is ``mark``) with what it carries for its replay. What it saw of the stream
+        (``last``, ``last_ts``) is dropped when the stream was deleted and created again since (``mark`` is the new
+        one's): that was another stream's history."""
         start, last = offset.get("start"), offset.get("last")
+        same = offset.get("created", "") in ("", mark.created)
         return cls(
             mark,
             offset.get("cut"),
             None if start is None else int(start),
-            None if last is None else int(last),
-            offset.get("last_ts"),
+            None if last is None or not same else int(last),
+            offset.get("last_ts") if same else None,
         )
 
 
