@@ -143,14 +143,14 @@ def test_api_calls_ride_through_a_meta_leader_change(leader_api, nats_cluster, s
     finally:
         stop.set()
         for caller in callers:
-            caller.join(api.conn.api_timeout + 5)
+            caller.join(api.conn.options.request_timeout + 5)
     failures = [c for c in calls if c.error is not None]
     assert not [c for c in failures if isinstance(c.error, ConsumerNotFoundError | StreamNotFoundError)], failures
     assert not failures, failures
     during = [c for c in calls if c.started + c.took >= faulted]
     assert {c.name for c in during} == {"consumer_info", "stream_info", "unpin"}
     slowest = max(c.took for c in calls)
-    assert slowest < api.conn.api_timeout, f"a call took {slowest:.1f}s, over the API deadline"
+    assert slowest < api.conn.options.request_timeout, f"a call took {slowest:.1f}s, over the API deadline"
     # The fault was exercised: calls made after it were answered by new leaders. (A pause is no proof either way: a
     # SIGTERM'd server hands its leaderships over as it stops, and calls may never stall.)
     leaders = {

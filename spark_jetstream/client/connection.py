@@ -184,11 +184,6 @@ class Connection:
             return JETSTREAM_UP
         return JETSTREAM_ELECTING if error.get("err_code") in CLUSTER_BUSY_CODES else JETSTREAM_UP
 
-    @property
-    def api_timeout(self) -> float:
-        """The deadline of every request: ``requestTimeout``."""
-        return self.options.request_timeout
-
     def out_of_time(self, started: float) -> float:
         """The deadline (seconds) a request that has got nowhere since ``started`` (``time.monotonic()``) has run out
         of, 0 while it has not: ``requestTimeout`` (60 s, Kafka's ``default.api.timeout.ms``), whether its server

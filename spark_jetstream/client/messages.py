@@ -83,11 +83,6 @@ async def stored_message_async(api: JetStreamApi, stream: str, request: dict[str
     return message
 
 
-def stored_time_ns(message: dict[str, Any]) -> int:
-    """A ``stored_message_async`` message's ``time`` (RFC 3339 with nanosecond digits, ``Z``) in ns since the epoch."""
-    return time_ns(message["time"])
-
-
 def time_ns(text: str) -> int:
     """A server's RFC 3339 time (nanosecond digits, ``Z``: a message's, stream info's ``last_ts``) in ns since the
     epoch."""

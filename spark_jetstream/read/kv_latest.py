@@ -176,7 +176,7 @@ class _LatestRead(_ConsumerRead):
                 headers = base64.b64decode(message["hdrs"]) if message.get("hdrs") else None
                 data = base64.b64decode(message.get("data") or "")
                 self.batches.add(
-                    message["subject"].encode(), data, message["seq"], messages.stored_time_ns(message), headers
+                    message["subject"].encode(), data, message["seq"], messages.time_ns(message["time"]), headers
                 )
 
         await asyncio.gather(*(latest(key) for key in keys))

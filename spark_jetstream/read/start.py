@@ -30,7 +30,7 @@ def seq_at(api: JetStreamApi, stream: str, when: datetime | int, last_seq: int) 
         return api.conn.run(_seq_at_by_search(api, stream, wanted, last_seq))
     request = {"start_time": messages.time_text(wanted), "next_by_subj": ">"}
     found = api.conn.run(messages.stored_message_async(api, stream, request))
-    if found is not None and messages.stored_time_ns(found) < wanted:  # the leader ignored start_time
+    if found is not None and messages.time_ns(found["time"]) < wanted:  # the leader ignored start_time
         return api.conn.run(_seq_at_by_search(api, stream, wanted, last_seq))
     return int(found["seq"]) if found is not None else last_seq + 1
 
@@ -49,7 +49,7 @@ async def _seq_at_by_search(api: JetStreamApi, stream: str, wanted: int, last_se
     while low < high:
         middle = (low + high) // 2
         message = await first_from(middle)
-        if message is None or messages.stored_time_ns(message) >= wanted:
+        if message is None or messages.time_ns(message["time"]) >= wanted:
             high = middle
         else:
             low = middle + 1

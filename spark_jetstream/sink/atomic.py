@@ -370,7 +370,7 @@ class AtomicWriter:
         it and the rows this attempt stored. What the protocol says to retry is retried, the marker read again first,
         for up to ``publishTimeout`` and an election."""
         loop = self.conn.loop
-        deadline = loop.time() + self.timeout + self.conn.api_timeout
+        deadline = loop.time() + self.timeout + self.conn.options.request_timeout
         start = end - sum(piece.num_rows for piece in slices)
         sent: set[str] = set()  # this attempt's atomic batches of these rows: an unanswered one may be stored
         attempt = 0

@@ -142,7 +142,7 @@ class Coordinator:
         if self._state is not None and not fresh and now - self._state_at < self._interval(now):
             return self._state
         since, asked = self._unanswered or (now, 0.0)
-        if self._state is None or now - since >= self.conn.api_timeout:
+        if self._state is None or now - since >= self.conn.options.request_timeout:
             self._take_state(self.api.stream_info(self.stream))
         elif now - asked < STREAM_INFO_RETRY:
             return self._state
