@@ -12,6 +12,7 @@ from spark_jetstream.options import (
     BATCH,
     CONNECTION_OPTIONS,
     LOAD,
+    OPTIONS,
     PULL_OPTIONS,
     READER_OPTIONS,
     STREAM,
@@ -20,6 +21,7 @@ from spark_jetstream.options import (
     parse_duration,
     parse_options,
 )
+from spark_jetstream.options.kafka import KAFKA_OPTIONS
 from spark_jetstream.streaming.pull import PullSettings
 
 
@@ -52,6 +54,89 @@ def test_connection_options_from_user_strings():
 def test_unknown_option_suggests_the_closest_name():
     with pytest.raises(OptionError, match=re.escape("Unknown option 'connectTimout'. Did you mean 'connectTimeout'?")):
         parse_connection_options({"connectTimout": "5s"})
+
+
+@pytest.mark.parametrize(
+    ("mode", "key", "message"),
+    [
+        (STREAM, "maxOffsetsPerTrigger", "Kafka's 'maxOffsetsPerTrigger' is 'maxMessagesPerTrigger' here."),
+        (
+            STREAM,
+            "minOffsetsPerTrigger",
+            "Kafka's 'minOffsetsPerTrigger' is 'minMessagesPerTrigger' here, bounded by 'maxTriggerDelay' as in Kafka.",
+        ),
+        (
+            STREAM,
+            "maxRecordsPerPartition",
+            "Kafka's 'maxRecordsPerPartition' is 'maxRangePerPartition' here for batch reads (stream sequences per "
+            "Spark partition); a streaming read has no equivalent: raise 'minPartitions' to cut its batches finer.",
+        ),
+        (
+            BATCH,
+            "endingOffsets",
+            "Kafka's 'endingOffsets' is 'endingPosition' here (batch reads), and it is inclusive: the last stream "
+            "sequence read, where Kafka's ending offset is the first one not read.",
+        ),
+        (
+            STREAM,
+            "STARTINGOFFSETS",
+            "Kafka's 'startingOffsets' is 'startingPosition' here: 'earliest', 'latest', 'group' or one stream "
+            "sequence (no JSON per partition). A streaming read starts at 'earliest' by default (at 'group' when the "
+            "group's member consumers exist), where Kafka's starts at 'latest'.",
+        ),
+        (
+            STREAM,
+            "kafka.bootstrap.servers",
+            "Kafka's 'kafka.bootstrap.servers' is 'servers' here: comma-separated NATS server URLs such as "
+            "'nats://host:4222'.",
+        ),
+        (
+            STREAM,
+            "assign",
+            "Kafka's 'assign' has no equivalent: a read takes a whole 'stream', the subjects 'subjects' selects, or "
+            "what the member consumers of a 'group' select.",
+        ),
+        (
+            STREAM,
+            "groupIdPrefix",
+            "Kafka's 'groupIdPrefix' has no equivalent: Spark's Kafka source names consumer groups that keep no "
+            "position; here 'group' names a consumer group whose member consumers hold the query's position.",
+        ),
+        (
+            WRITE,
+            "topic",
+            "Kafka's 'topic' is 'subject' here (writes): the subject of rows without a 'subject' column; the stream "
+            "whose subjects match it stores them.",
+        ),
+        (
+            STREAM,
+            "kafka.security.protocol",
+            "Kafka's client setting 'kafka.security.protocol' has no equivalent: a connection takes 'servers', "
+            "'creds', 'nkey', 'token', 'user' and 'password', and 'tls.*'.",
+        ),
+    ],
+)
+def test_kafka_option_names_say_what_they_are_here(mode, key, message):
+    """Spark's Kafka option names get a sentence naming this connector's equivalent (or saying there is none), never
+    the closest name by spelling ('maxOffsetsPerTrigger' once got 'maxBytesPerTrigger')."""
+    raw = {"stream": "S"} if mode != WRITE else {}
+    with pytest.raises(OptionError) as caught:
+        parse_options({**raw, key: "1"}, mode)
+    assert str(caught.value) == f"Unknown option {key!r}. {message}"
+
+
+def test_every_kafka_name_maps_to_an_option_that_exists_and_is_never_fuzzy_matched():
+    names = {option.name for option in OPTIONS}
+    for kafka in KAFKA_OPTIONS:
+        assert kafka.ours is None or kafka.ours in names, kafka
+        assert f"`{kafka.name}`" in kafka.sentence and (kafka.ours is None or f"`{kafka.ours}`" in kafka.sentence)
+        if kafka.name in names:  # a name both take is parsed as ours: its sentence is for the docs only
+            assert kafka.ours == kafka.name, kafka
+            continue
+        for mode in (STREAM, BATCH, WRITE):
+            with pytest.raises(OptionError) as caught:
+                parse_options({"stream": "S", kafka.name: "1"} if mode != WRITE else {kafka.name: "1"}, mode)
+            assert "Did you mean" not in str(caught.value) and "Kafka's" in str(caught.value), (kafka, mode)
 
 
 @pytest.mark.parametrize(

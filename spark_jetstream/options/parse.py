@@ -1,6 +1,6 @@
-"""Parsing the options given for one mode (``parse_options``) by the rules they must follow: known names (the
-closest valid one suggested), the right mode (saying where an option belongs), required options, well-formed
-values and consistent combinations."""
+"""Parsing the options given for one mode (``parse_options``) by the rules they must follow: known names (for
+Spark's Kafka option names, what each is here; else the closest valid one suggested), the right mode (saying where
+an option belongs), required options, well-formed values and consistent combinations."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 from spark_jetstream.errors import OptionError
 from spark_jetstream.options.definitions import OPTIONS, options_for
+from spark_jetstream.options.kafka import kafka_sentence
 from spark_jetstream.options.option import BATCH, READ, STREAM, WRITE, Option
 
 SPARK_WRITE_OPTIONS = frozenset({"checkpointlocation", "queryname"})
@@ -63,6 +64,8 @@ def parse_options(raw: Mapping[str, str], allowed: str | frozenset[str] | Iterab
     for key, raw_value in raw.items():
         option = by_lower.get(key.lower())
         if option is None:
+            if (kafka := kafka_sentence(key)) is not None:
+                raise OptionError(f"Unknown option {key!r}. {kafka.replace('`', chr(39))}")
             names = [option.name for option in by_lower.values()]
             close = difflib.get_close_matches(key, names, n=1, cutoff=0.5) or difflib.get_close_matches(
                 key.lower(), list(by_lower), n=1, cutoff=0.5
