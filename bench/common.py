@@ -26,7 +26,7 @@ from spark_jetstream.client.connection import Connection
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import Message, publish_all
 from spark_jetstream.groups.layout import partitioned_stream_config
-from spark_jetstream.tools.spark_standalone import descendants
+from spark_jetstream.testing import descendants
 
 MASTER_ENV, PROCESSES_ENV = "SPARK_JETSTREAM_BENCH_MASTER", "SPARK_JETSTREAM_BENCH_PROCESSES"
 """Where ``bench/run.py --master/--processes`` leave their values for every process of the run."""

@@ -96,7 +96,7 @@ from scenarios import (
 from suite import READ_PARTITIONS, SIZE, WARMUP_MESSAGES, Suite, print_peaks, print_summary
 
 from spark_jetstream.client.connection import ConnectionOptions, close_all, connect
-from spark_jetstream.tools.embedded import EmbeddedServer
+from spark_jetstream.testing import EmbeddedServer
 
 NAIVE_DIR = Path(__file__).resolve().parent / "baseline"
 

@@ -32,7 +32,7 @@ from spark_jetstream.client import protocol
 from spark_jetstream.client.connection import Connection, ConnectionOptions, close_all, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.groups.layout import member_consumer_config, partition_filters, partitioned_stream_config
-from spark_jetstream.tools.embedded import EmbeddedCluster, EmbeddedServer
+from spark_jetstream.testing import EmbeddedCluster, EmbeddedServer
 
 PYSPARK_DIR = Path(importlib.util.find_spec("pyspark").origin).parent
 JVM_OPTIONS = f"-XX:TieredStopAtLevel=1 -XX:+UseSerialGC {checkpoint_option(PYSPARK_DIR)}"

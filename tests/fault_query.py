@@ -17,7 +17,8 @@ from pyspark.sql.streaming import StreamingQuery
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import ApiError
 from spark_jetstream.groups.layout import partitioned_stream_config
-from spark_jetstream.tools.cluster_faults import (
+from spark_jetstream.testing import (
+    EmbeddedCluster,
     Publisher,
     commits,
     inject_fault,
@@ -25,7 +26,6 @@ from spark_jetstream.tools.cluster_faults import (
     wait_healthy,
     writable_again,
 )
-from spark_jetstream.tools.embedded import EmbeddedCluster
 
 RATE = 400
 """Messages per second published throughout a test."""

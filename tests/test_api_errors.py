@@ -13,7 +13,7 @@ from spark_jetstream.client.messages import next_on_leader
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.groups.layout import partitioned_stream_config
 from spark_jetstream.options import parse_connection_options
-from spark_jetstream.tools.embedded import EmbeddedServer
+from spark_jetstream.testing import EmbeddedServer
 
 ROUNDS = 8
 

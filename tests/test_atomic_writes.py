@@ -404,7 +404,7 @@ def test_a_writer_refused_for_batches_in_flight_sends_its_first_message_until_on
     import json
     import urllib.request
 
-    from spark_jetstream.tools.embedded import EmbeddedServer
+    from spark_jetstream.testing import EmbeddedServer
 
     limits = {"jetstream": {"limits": {"batch": {"max_inflight_per_stream": 1, "timeout": "2s"}}}}
     server = EmbeddedServer(limits, name="inflight", store_dir=str(tmp_path)).start()

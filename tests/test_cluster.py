@@ -21,7 +21,7 @@ from spark_jetstream.read.direct import read_range
 from spark_jetstream.read.ranges import MemberRange, SeqRange
 from spark_jetstream.sink import markers
 from spark_jetstream.streaming.pull import PullSettings, read_member
-from spark_jetstream.tools.cluster_faults import move_leader
+from spark_jetstream.testing import move_leader
 
 pytestmark = pytest.mark.slow
 

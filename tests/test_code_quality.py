@@ -24,12 +24,18 @@ LAYERS = (
     "streaming",
     "sink",
     "source",
+    "testing",
     "tools",
 )
 """The package's parts from the bottom up: each imports only its own layer and the ones before it. ``client`` is
 the NATS and JetStream I/O, usable (and tested) without Spark or the option table; ``logs`` only says where
-warnings go; ``tools`` (CLI, demo, embedded
-servers) sit on top, and nothing imports them."""
+warnings go; ``testing`` (embedded servers and clusters, their faults, a Spark standalone cluster) sits above the
+connector, so nothing a pipeline runs imports it; ``tools`` (CLI, demo, lag listener) sit on top, and nothing
+imports them."""
+
+HARNESS_NEEDS = ("logs", "errors", "client", "testing")
+"""What the test harness (``testing``) imports of the package: the NATS client and the errors, never the Spark side
+nor the connector it tests, so a test of the client alone can start servers."""
 
 WITHOUT_SPARK = ("logs", "errors", "client", "options", "groups")
 """Layers that never import PySpark (nor ``spark_compat``): through the layering, nothing they import does either."""
@@ -117,6 +123,17 @@ def test_the_lower_layers_never_import_spark():
         if name == "pyspark" or name == "spark_jetstream.spark_compat"
     }
     assert not spark, f"Spark imports below the read layer: {sorted(spark)}"
+
+
+def test_the_harness_needs_only_the_client():
+    beyond = {
+        (module, name)
+        for module, path in _modules().items()
+        if _layer(module) == "testing"
+        for name in _imports(path)
+        if name == "pyspark" or (name.startswith("spark_jetstream.") and _layer(name) not in HARNESS_NEEDS)
+    }
+    assert not beyond, f"the harness imports more than the client: {sorted(beyond)}"
 
 
 @pytest.mark.slow  # starts a Python process

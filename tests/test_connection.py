@@ -19,7 +19,7 @@ from spark_jetstream.client.connection import (
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.errors import ConnectError
-from spark_jetstream.tools.embedded import EmbeddedServer, free_port
+from spark_jetstream.testing import EmbeddedServer, free_port
 
 
 @pytest.mark.slow

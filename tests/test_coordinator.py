@@ -22,7 +22,7 @@ from spark_jetstream.streaming.config import SourceConfig
 from spark_jetstream.streaming.coordinator import ONE_TASK_MESSAGES, Coordinator
 from spark_jetstream.streaming.offsets import Watermark
 from spark_jetstream.streaming.planning import Limits
-from spark_jetstream.tools.embedded import EmbeddedServer
+from spark_jetstream.testing import EmbeddedServer
 
 
 @pytest.fixture

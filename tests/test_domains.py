@@ -16,7 +16,7 @@ from spark_jetstream.client.kv import get_entry, key_value
 from spark_jetstream.groups.admin import change_members, create_group, delete_group, load_group
 from spark_jetstream.groups.layout import GroupConfig, PartitioningFilter
 from spark_jetstream.sink.markers import ensure_bucket, read_marker, write_marker
-from spark_jetstream.tools.embedded import EmbeddedServer, free_port
+from spark_jetstream.testing import EmbeddedServer, free_port
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ import pytest
 from helpers import process_alive, wait_for
 
 from spark_jetstream.errors import JetStreamError
-from spark_jetstream.tools.embedded import EmbeddedServer, free_port
+from spark_jetstream.testing import EmbeddedServer, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ def test_a_server_dies_with_the_process_that_started_it():
             sys.executable,
             "-c",
             "import sys, time\n"
-            "from spark_jetstream.tools.embedded import EmbeddedServer\n"
+            "from spark_jetstream.testing import EmbeddedServer\n"
             "server = EmbeddedServer(name='orphan').start()\n"
             "print(server.pid, flush=True)\n"
             "time.sleep(120)\n",

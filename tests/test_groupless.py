@@ -21,7 +21,7 @@ from spark_jetstream.read.ranges import SeqRange
 from spark_jetstream.streaming.config import SourceConfig
 from spark_jetstream.streaming.coordinator import Coordinator
 from spark_jetstream.streaming.offsets import Watermark
-from spark_jetstream.tools.embedded import EmbeddedServer
+from spark_jetstream.testing import EmbeddedServer
 
 pytestmark = pytest.mark.slow
 

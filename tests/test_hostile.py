@@ -15,7 +15,7 @@ from spark_jetstream.read import direct
 from spark_jetstream.read.direct import read_range
 from spark_jetstream.read.ranges import MemberRange, SeqRange
 from spark_jetstream.streaming.pull import PullSettings, read_member
-from spark_jetstream.tools.embedded import EmbeddedServer
+from spark_jetstream.testing import EmbeddedServer
 
 BIG = 8 * 1024 * 1024
 

@@ -13,7 +13,7 @@ import pytest
 from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import STORE_RACE_GRACE, JetStreamApi
 from spark_jetstream.errors import ApiError
-from spark_jetstream.tools.embedded import EmbeddedServer
+from spark_jetstream.testing import EmbeddedServer
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from spark_jetstream.read.kv import kv_rows
 from spark_jetstream.read.kv_latest import LAST_PER_KEY, _LatestRead
 from spark_jetstream.read.ranges import SeqRange
 from spark_jetstream.read.tasks import read_ranges
-from spark_jetstream.tools.embedded import EmbeddedServer
+from spark_jetstream.testing import EmbeddedServer
 
 OPS = [
     *KV_OPS,  # test_kv.py's, then more revisions, deletes and purges

@@ -19,8 +19,7 @@ from spark_jetstream.errors import StreamNotFoundError
 from spark_jetstream.groups.layout import member_consumer_config, partition_filters, partitioned_stream_config
 from spark_jetstream.read.ranges import MemberRange
 from spark_jetstream.streaming.pull import PullSettings, read_member
-from spark_jetstream.tools.cluster_faults import move_leader, wait_healthy
-from spark_jetstream.tools.embedded import EmbeddedCluster, EmbeddedServer
+from spark_jetstream.testing import EmbeddedCluster, EmbeddedServer, move_leader, wait_healthy
 
 pytestmark = pytest.mark.slow
 

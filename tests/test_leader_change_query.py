@@ -23,7 +23,7 @@ import pytest
 from fault_query import ride_through
 
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.tools.embedded import EmbeddedCluster
+from spark_jetstream.testing import EmbeddedCluster
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,7 @@ from spark_jetstream.client.connection import ConnectionOptions, connect
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import ApiError, ClusterUnavailableError, ConsumerNotFoundError, StreamNotFoundError
 from spark_jetstream.groups.layout import member_consumer_config, partition_filters, partitioned_stream_config
-from spark_jetstream.tools.embedded import EmbeddedCluster, EmbeddedServer
+from spark_jetstream.testing import EmbeddedCluster, EmbeddedServer
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from helpers import wait_for
 from spark_jetstream.client.connection import Connection, ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.nats_client import GATHER_OWED
-from spark_jetstream.tools.embedded import EmbeddedServer
+from spark_jetstream.testing import EmbeddedServer
 
 MESSAGES = 100
 GAP = 0.0002

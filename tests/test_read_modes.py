@@ -17,7 +17,7 @@ from spark_jetstream.client.connection import ConnectionOptions, connect, discon
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.groups.layout import partitioned_stream_config
-from spark_jetstream.tools.embedded import EmbeddedServer
+from spark_jetstream.testing import EmbeddedServer
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import DataLossError
 from spark_jetstream.groups.layout import partitioned_stream_config
 from spark_jetstream.source import JetStreamStreamReader
-from spark_jetstream.tools.embedded import EmbeddedServer
+from spark_jetstream.testing import EmbeddedServer
 
 pytestmark = pytest.mark.slow
 
@@ -241,7 +241,7 @@ def test_a_replicated_stream_whose_majority_went_back_fails_the_query_through_an
     """R3: two replicas' stores put back to seq 20 under a checkpoint at 40, the three servers stopped, those two
     started first (they elect a leader at seq 20), then the third, which keeps its longer log and may answer Direct
     Gets with the old messages. The check asks the leader, so a query connected to the third server fails too."""
-    from spark_jetstream.tools.embedded import EmbeddedCluster
+    from spark_jetstream.testing import EmbeddedCluster
 
     cluster = EmbeddedCluster(3, name="rb3").start()
     copies: list[Path] = []

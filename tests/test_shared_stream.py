@@ -21,7 +21,7 @@ from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.errors import JetStreamError
 from spark_jetstream.options import parse_connection_options
-from spark_jetstream.tools.embedded import EmbeddedServer
+from spark_jetstream.testing import EmbeddedServer
 
 pytestmark = pytest.mark.slow
 

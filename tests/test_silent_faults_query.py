@@ -26,8 +26,7 @@ from fault_query import (
 
 from spark_jetstream.client.connection import ConnectionOptions, connect
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.tools.cluster_faults import Publisher, commits, inject_fault, wait_healthy
-from spark_jetstream.tools.embedded import EmbeddedCluster
+from spark_jetstream.testing import EmbeddedCluster, Publisher, commits, inject_fault, wait_healthy
 
 pytestmark = pytest.mark.slow
 

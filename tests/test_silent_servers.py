@@ -19,7 +19,7 @@ from spark_jetstream.client.connection import Connection, ConnectionOptions, con
 from spark_jetstream.client.nats_client import server_address
 from spark_jetstream.errors import ClusterUnavailableError, OptionError
 from spark_jetstream.options import parse_connection_options
-from spark_jetstream.tools.embedded import EmbeddedServer
+from spark_jetstream.testing import EmbeddedServer
 
 
 @pytest.fixture
@@ -181,7 +181,7 @@ def test_servers_restarted_whole_within_the_deadline_fail_no_read(tmp_path, size
     from spark_jetstream.client.publish import publish_all
     from spark_jetstream.read.direct import read_range
     from spark_jetstream.read.ranges import SeqRange
-    from spark_jetstream.tools.embedded import EmbeddedCluster
+    from spark_jetstream.testing import EmbeddedCluster
 
     cluster = EmbeddedCluster(size, name="whole").start() if size > 1 else None
     servers = cluster.servers if cluster else [EmbeddedServer(name="whole", store_dir=str(tmp_path)).start()]

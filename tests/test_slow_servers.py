@@ -18,7 +18,7 @@ from spark_jetstream.client.publish import publish_all
 from spark_jetstream.errors import ClusterUnavailableError
 from spark_jetstream.read import direct
 from spark_jetstream.read.ranges import SeqRange
-from spark_jetstream.tools.embedded import CPU_CGROUPS, EmbeddedServer
+from spark_jetstream.testing import CPU_CGROUPS, EmbeddedServer
 
 pytestmark = pytest.mark.slow
 

@@ -325,7 +325,7 @@ def test_missing_stream_fails_at_start(spark, nats_server, tmp_path):
 
 
 def test_unreachable_server_fails_at_start(spark, tmp_path):
-    from spark_jetstream.tools.embedded import free_port
+    from spark_jetstream.testing import free_port
 
     url = f"nats://127.0.0.1:{free_port()}"
     df = _load(spark, servers=url, stream="S", group="g", connectTimeout="2s")

@@ -22,7 +22,7 @@ import pytest
 from chispa import assert_df_equality
 from helpers import ack_floors, expected_rows, stored, venv, wait_for
 
-from spark_jetstream.tools.embedded import free_port
+from spark_jetstream.testing import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from helpers import wait_for
 
-from spark_jetstream.tools.spark_standalone import HOSTS, StandaloneCluster, kill_tree
+from spark_jetstream.testing import HOSTS, StandaloneCluster, kill_tree
 
 pytestmark = pytest.mark.slow
 

