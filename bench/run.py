@@ -42,20 +42,27 @@ recorded per measurement for this driver process, the Spark JVM and the Python p
 The CPU other processes used meanwhile is printed per measurement: a high share means the figure
 is noisy.
 
-Run it from the repository root (``--quick``: a smoke run of a few minutes)::
+Run it from the repository root. ``--quick`` makes the sizes smaller, not the list shorter: without ``--only`` it
+still runs every scenario, as root the 30-minute chaos run included, so pick scenarios for a smoke run of a few
+minutes. ``--json FILE`` also writes the results as JSON, which ``bench/charts.py`` draws from::
 
     python bench/run.py
     python bench/run.py --quick --only read,latency
+    python bench/run.py --only shapes --json docs/benchmarks-data/shapes.json
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
 import platform
 import random
+import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -180,6 +187,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--seed", type=int, default=None, help="chaos: the seed its faults are drawn from (default: random, printed)"
     )
     parser.add_argument("--naive-dir", type=Path, default=NAIVE_DIR, help="directory holding naive_source.py")
+    parser.add_argument(
+        "--json", type=Path, default=None, help="also write the run's results to this file (read by bench/charts.py)"
+    )
     args = parser.parse_args(argv)
     args.messages = args.messages or (100_000 if args.quick else 1_000_000)
     args.latency_seconds = args.latency_seconds or (15.0 if args.quick else 60.0)
@@ -227,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     work = tempfile.mkdtemp(prefix="bench-suite-")
     began = time.perf_counter()
+    started_at = datetime.datetime.now(datetime.UTC)
+    loads = [os.getloadavg()[0]]
+    versions: dict[str, str] = {}
     try:
         os.makedirs(os.path.join(work, "nats"))
         with EmbeddedServer(name="bench", store_dir=os.path.join(work, "nats")) as server:
@@ -236,6 +249,11 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 import pyspark
 
+                versions = {
+                    "nats-server": server_version(address),
+                    "pyspark": pyspark.__version__,
+                    "python": platform.python_version(),
+                }
                 print(
                     f"nats-server {server_version(address)}, PySpark {pyspark.__version__}, {os.cpu_count()} cores, "
                     f"Spark master {spark_master()}, raw loops in {processes()} processes, "
@@ -244,7 +262,6 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 create_stream(conn, WARMUP_STREAM, "warm.*", READ_PARTITIONS, args.storage)
                 publish(conn, "warm-up", warmup_messages(WARMUP_MESSAGES, SIZE), WARMUP_MESSAGES)
-                loads = [os.getloadavg()[0]]
                 for name in args.only:
                     RUNNERS[name](suite)
                     loads.append(os.getloadavg()[0])
@@ -264,7 +281,58 @@ def main(argv: list[str] | None = None) -> int:
     print_summary(suite.summary)
     for note in suite.notes:
         print(f"note: {note}")
+    if args.json:
+        write_json(args, suite, started_at, time.perf_counter() - began, loads, versions)
     return 0
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
+    except OSError:
+        return ""
+
+
+def write_json(
+    args: argparse.Namespace,
+    suite: Suite,
+    started_at: datetime.datetime,
+    seconds: float,
+    loads: list[float],
+    versions: dict[str, str],
+) -> None:
+    """The run as plain data: when, on what, under which load, and what each scenario measured (``suite.results``)."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = ""
+    run = {
+        "command": shlex.join(["python", "bench/run.py", *sys.argv[1:]]),
+        "started": started_at.isoformat(timespec="seconds"),
+        "seconds": round(seconds, 1),
+        "commit": commit,
+        "machine": {
+            "cpu": cpu_model(),
+            "cores": os.cpu_count(),
+            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+            "system": f"{platform.system()} {platform.release()} {platform.machine()}",
+        },
+        "versions": versions,
+        "storage": args.storage,
+        "master": spark_master(),
+        "load_1min": {"start": loads[0], "end": loads[-1], "min": min(loads), "max": max(loads)},
+        "results": suite.results,
+        "summary": [
+            {"scenario": s.scenario, "connector": s.connector, "baseline": s.baseline, "unit": s.unit, "met": s.met}
+            for s in suite.summary
+        ],
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(run, indent=1) + "\n")
+    print(f"results written to {args.json}")
 
 
 if __name__ == "__main__":

@@ -99,6 +99,8 @@ class Suite:
     notes: list[str] = field(default_factory=list)
     monitor: str = ""
     """The server's monitoring endpoint (``http://127.0.0.1:<port>``)."""
+    results: dict[str, object] = field(default_factory=dict)
+    """What a scenario measured, by scenario, as plain data: ``--json`` writes it for ``bench/charts.py``."""
 
     @property
     def api(self) -> JetStreamApi:

@@ -377,6 +377,7 @@ def _report(suite: Suite, rows: list[Row]) -> None:
                 + f" {read_ratio:>10}"
             )
     _server_share(suite, rows)
+    suite.results["shapes"] = [_result(row) for row in rows]
     seconds = {(row.shape, row.what): row.seconds for row in rows}
     slower = [  # a streaming read's time over the batch read's of the same shape and mode
         (seconds[(shape, what)] / seconds[(shape, "batch" + what[len("streaming") :])], shape, what)
@@ -415,6 +416,20 @@ def _report(suite: Suite, rows: list[Row]) -> None:
             ratio <= STREAM_VS_BATCH_TARGET,
         )
     )
+
+
+def _result(row: Row) -> dict[str, object]:
+    """One read or raw loop as plain data (``--json``): rows/s, seconds, and CPU seconds by process kind."""
+    return {
+        "shape": row.shape,
+        "read": row.what,
+        "rows_per_s": row.rate,
+        "seconds": row.seconds,
+        "messages": round(row.rate * row.seconds),
+        "ratio": row.ratio,
+        "cpu_seconds": dict(row.cpu.seconds) if row.cpu else None,
+        "other_cpu_share": row.cpu.other_share if row.cpu else None,
+    }
 
 
 def _server_share(suite: Suite, rows: list[Row]) -> None:
