@@ -149,7 +149,7 @@ def group_command(args: argparse.Namespace) -> int:
     api = _api(args)
     action = args.action
     if action == "list":
-        found = []
+        found: list[Command] = []
         for name in api.stream_names():
             if name.startswith("KV_") and name[3:] in (STATIC_BUCKET, ELASTIC_BUCKET):
                 prefix = f"$KV.{name[3:]}.{args.stream}."
@@ -172,7 +172,8 @@ def group_command(args: argparse.Namespace) -> int:
         )
         create_group(api, args.stream, args.group, config)
     elif action == "delete":
-        delete_group(api, args.stream, args.group)
+        for removed in delete_group(api, args.stream, args.group):
+            print(f"deleted {removed}")
         print(f"deleted group {args.group!r} on stream {args.stream!r}")
         return 0
     elif action in ("add", "drop"):
@@ -236,17 +237,17 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         sub = actions.add_parser(action, help=text)
         _connection_args(sub)
-        sub.add_argument("--stream", required=True)
+        sub.add_argument("--stream", required=True, help="the stream")
         if action != "list":
-            sub.add_argument("--group", required=True)
+            sub.add_argument("--group", required=True, help="the group's name")
         if action == "create":
-            sub.add_argument("--kind", choices=("static", "elastic"), default="static")
+            sub.add_argument("--kind", choices=("static", "elastic"), default="static", help="the group's kind")
             sub.add_argument("--max-members", type=int, required=True, help="the number of partitions")
             sub.add_argument(
                 "--filter", action="append", help="subject filter (elastic: 'orders.*:1' hashes wildcard 1)"
             )
-            sub.add_argument("--max-buffered-msgs", type=int)
-            sub.add_argument("--max-buffered-bytes", type=int)
+            sub.add_argument("--max-buffered-msgs", type=int, help="elastic: the work stream's max_msgs")
+            sub.add_argument("--max-buffered-bytes", type=int, help="elastic: the work stream's max_bytes")
         if action in ("create", "add", "drop"):
             sub.add_argument("--members", nargs="+", help="member names")
         if action in ("create", "map"):
@@ -258,11 +259,71 @@ def build_parser() -> argparse.ArgumentParser:
 
     show = commands.add_parser("status", help="per member: partitions, pin holder, ack floor, pending and lag")
     _connection_args(show)
-    show.add_argument("--stream", required=True)
-    show.add_argument("--group", required=True)
+    show.add_argument("--stream", required=True, help="the stream")
+    show.add_argument("--group", required=True, help="the group's name")
     _members_arg(show)
     show.set_defaults(func=status_command)
     return parser
+
+
+def cli_markdown() -> str:
+    """The command line's reference page (docs/reference/cli.md, between its markers), from ``build_parser()``:
+    one section per command, a table of its flags; the connection flags, the same on every command, once."""
+    connection = {option.attr for option in CONNECTION_OPTIONS}
+    lines = ["## Connection flags", "", "`group ...` and `status` take these (as the options of the same name):", ""]
+    status_flags = {action.dest for action in _sub(build_parser(), "status")._actions}
+    lines += _flags_table(_sub(build_parser(), "status"), status_flags - connection)
+    for name, command in _commands(build_parser()):
+        text = _help_of(command[1])
+        lines += ["", f"## `spark-jetstream {name}`", "", text[:1].upper() + text[1:] + ".", ""]
+        takes = connection <= {action.dest for action in command[0]._actions}
+        if takes:
+            lines += ["The connection flags, and:", ""]
+        lines += _flags_table(command[0], connection if takes else set())
+    return "\n".join(lines)
+
+
+def _sub(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    (choices,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return choices.choices[name]
+
+
+Command = tuple[str, tuple[argparse.ArgumentParser, str]]
+
+
+def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> list[Command]:
+    """(``group create``, (its parser, its help)) for every leaf command, in the parser's order."""
+    found: list[Command] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
+            for name, sub in action.choices.items():
+                inner = _commands(sub, f"{prefix}{name} ")
+                found += inner or [(f"{prefix}{name}", (sub, helps[name]))]
+    return found
+
+
+def _help_of(text: str) -> str:
+    return text.replace("%%", "%")
+
+
+def _flags_table(parser: argparse.ArgumentParser, skip: set[str]) -> list[str]:
+    """A table of ``parser``'s flags but those whose ``dest`` is in ``skip``."""
+    rows = ["| flag | default | meaning |", "|---|---|---|"]
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help" or action.dest in skip:
+            continue
+        flag = max(action.option_strings, key=len)
+        if action.nargs == "+":
+            flag += f" {(action.metavar or action.dest).upper()} ..."
+        elif action.metavar:
+            flag += f" {action.metavar}"
+        if action.choices:
+            flag += " {" + ",".join(action.choices) + "}"
+        default = "required" if action.required else "-" if action.default in (None, False) else str(action.default)
+        meaning = _help_of(action.help or "").replace("|", "\\|")
+        rows.append(f"| `{flag}` | {default} | {meaning} |")
+    return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
