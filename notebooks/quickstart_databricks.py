@@ -9,10 +9,11 @@
 # MAGIC 3. a bounded batch read
 # MAGIC 4. a streaming read with an aggregate, and the group's ack floors against the checkpoint
 # MAGIC 5. write back to JetStream, exactly once
-# MAGIC 6. clean up
+# MAGIC 6. a KV bucket as a table, and its changes
+# MAGIC 7. clean up
 # MAGIC
-# MAGIC Needs Databricks Runtime 17 or later (Apache Spark 4.0+), classic or serverless, and a NATS server (2.14 or
-# MAGIC later, with JetStream) that the compute can reach.
+# MAGIC Needs Databricks Runtime 17 or later (Apache Spark 4.0+), classic or serverless, a NATS server (2.14.5 or
+# MAGIC later, with JetStream) that the compute can reach, and a Unity Catalog volume for the wheel and the checkpoints.
 # MAGIC
 # MAGIC Where the package goes: the `%pip install` cell below installs it for this notebook, on every kind of compute.
 # MAGIC On serverless compute and on clusters in standard (shared) access mode, Spark runs behind Spark Connect: the
@@ -32,7 +33,8 @@
 # MAGIC ## 1. Configure
 # MAGIC
 # MAGIC Fill in the widgets at the top: the URL of a NATS server the cluster can reach (the default comes from the
-# MAGIC cluster's `NATS_URL` environment variable) and a directory for the checkpoints (delete it when done).
+# MAGIC cluster's `NATS_URL` environment variable) and a folder in a Unity Catalog volume,
+# MAGIC `/Volumes/<catalog>/<schema>/<volume>/...`, for the checkpoints and the KV part's table (delete it when done).
 
 # COMMAND ----------
 
@@ -43,7 +45,7 @@ import os
 import spark_jetstream
 
 dbutils.widgets.text("nats_url", os.environ.get("NATS_URL", "nats://localhost:4222"), "NATS server URL")
-dbutils.widgets.text("work_dir", "dbfs:/tmp/jetstream-quickstart", "Checkpoint directory")
+dbutils.widgets.text("work_dir", "/Volumes/main/default/checkpoints/jetstream-quickstart", "Checkpoint folder")
 
 STREAM = "quickstart-orders"  # order events, partitioned by customer
 GROUP = "spark-orders"  # the consumer group the streaming query reads with
@@ -57,7 +59,18 @@ NATS_URL = dbutils.widgets.get("nats_url")
 # (secrets from dbutils.secrets.get).
 NATS = {"servers": NATS_URL}
 
-WORK_DIR = dbutils.widgets.get("work_dir")
+WORK_DIR = dbutils.widgets.get("work_dir").rstrip("/")
+
+
+def list_dir(path):
+    """The names in a folder, sorted ([] when there is none), with dbutils.fs: it reads volumes on every compute."""
+    try:
+        return sorted(entry.name.rstrip("/") for entry in dbutils.fs.ls(path))
+    except Exception as exc:  # dbutils.fs.ls raises on a folder that does not exist
+        if "FileNotFoundException" in str(exc) or "does not exist" in str(exc):
+            return []
+        raise
+
 
 spark.conf.set("spark.sql.shuffle.partitions", "4")
 spark_jetstream.register(spark)  # the library was installed after Spark started: register format("jetstream")
@@ -70,23 +83,21 @@ print(f"Spark {spark.version}, NATS at {NATS_URL}")
 # MAGIC
 # MAGIC The stream stores `shop.orders.<customer>` as `<p>.shop.orders.<customer>`, where the partition `p` is a hash
 # MAGIC of the customer: one customer's orders stay in order within one partition. A consumer group splits the
-# MAGIC partitions among its members; each member is one Spark input partition. Groups are stored as Synadia's
-# MAGIC `pcgroups` stores them. From a shell, the same group is
+# MAGIC partitions among its members, whose consumers keep the group's position (their ack floors). The streaming read
+# MAGIC below uses Direct Get (the default where the stream allows it): a task per partition with messages in the batch,
+# MAGIC or one task for a small batch; with `readMode=pull`, each member is one Spark input partition. Groups are stored
+# MAGIC as Synadia's `pcgroups` stores them. From a shell, the same group is
 # MAGIC `spark-jetstream group create --stream quickstart-orders --group spark-orders --max-members 4 --members a b`.
 
 # COMMAND ----------
 
-from spark_jetstream.client.connection import connect
-from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.groups.admin import create_group
-from spark_jetstream.groups.layout import GroupConfig, partitioned_stream_config
-from spark_jetstream.options import parse_connection_options
+from spark_jetstream import JetStreamAdmin
 
-api = JetStreamApi(connect(parse_connection_options(NATS)))
-api.create_stream(partitioned_stream_config(STREAM, "shop.orders.*", PARTITIONS))
-group = create_group(api, STREAM, GROUP, GroupConfig(kind="static", max_members=PARTITIONS, members=("a", "b")))
-print("stored as:", api.stream_info(STREAM)["config"]["subject_transform"]["dest"])
-print("member -> partitions:", group.mapping())
+admin = JetStreamAdmin(NATS)  # streams and groups from Python, over the same connection options
+admin.create_partitioned_stream(STREAM, "shop.orders.*", PARTITIONS)
+mapping = admin.create_group(STREAM, GROUP, members=["a", "b"], max_members=PARTITIONS)
+print("stored as:", admin.stream_info(STREAM)["config"]["subject_transform"]["dest"])
+print("member -> partitions:", mapping)
 
 # COMMAND ----------
 
@@ -94,7 +105,7 @@ print("member -> partitions:", group.mapping())
 # MAGIC Publish 2,000 order events (JSON) with the batch writer: one message per row, from the `subject` and
 # MAGIC `data` columns. The `msg_id` column becomes the `Nats-Msg-Id` header, so running this cell again within the
 # MAGIC stream's duplicate window (2 minutes by default) stores nothing twice. From plain Python,
-# MAGIC `spark_jetstream.client.publish.publish_all` publishes too.
+# MAGIC nats-py (installed with the connector) publishes too.
 
 # COMMAND ----------
 
@@ -127,7 +138,7 @@ events.write.format("jetstream").options(**NATS).mode("append").save()
 
 revenue = sum(Decimal(f"{o['price']:.2f}") * o["quantity"] for o in orders)
 print(f"published {len(orders)} orders, revenue {revenue}")
-print(f"stream {STREAM} holds {api.stream_info(STREAM)['state']['messages']} messages")
+print(f"stream {STREAM} holds {admin.stream_info(STREAM)['state']['messages']} messages")
 
 # COMMAND ----------
 
@@ -205,7 +216,7 @@ print(f"streamed {totals[0]} orders, revenue {totals[1]}")
 
 # COMMAND ----------
 
-from spark_jetstream.tools.monitoring import batch_progress
+from spark_jetstream import batch_progress
 
 for progress in query.recentProgress:  # attributes: the same on classic compute and on Spark Connect
     print(f"batch {progress.batchId}: {progress.numInputRows} rows")
@@ -245,10 +256,8 @@ print(f"last batch: {last.rows} rows, up to seq {last.end_seq}, {last.lag} messa
 
 # COMMAND ----------
 
-from spark_jetstream.groups.admin import status
-
 checkpoint_seq = last.end_seq
-members = status(api, STREAM, GROUP)
+members = admin.group_status(STREAM, GROUP)
 print(f"{'member':<8}{'consumer':<18}{'partitions':<12}{'ack floor':>10}{'pending':>9}")
 for m in members:
     print(f"{m.member:<8}{m.consumer:<18}{','.join(map(str, m.partitions)):<12}{m.ack_floor:>10}{m.pending:>9}")
@@ -268,12 +277,13 @@ print(f"checkpoint seq {checkpoint_seq}; every ack floor equals it: {floors_matc
 # MAGIC from the query, batch, partition and row), and the server drops ids it has seen within the stream's
 # MAGIC duplicate window. Batches the writer committed are also recorded in a KV bucket (`commitBucket`), so one
 # MAGIC that Spark replays after a crash is skipped whole, even after the window. A batch cut short by a crash
-# MAGIC relies on the window alone: make it longer than a restart takes.
+# MAGIC relies on the window alone: make it longer than a restart takes, or write with `progressSubject` to a stream
+# MAGIC with `allow_atomic` for exactly-once at any age (the repository's `examples/exactly_once` job does).
 
 # COMMAND ----------
 
 # The duplicate window (in nanoseconds) is how long the server remembers msg ids: an hour here.
-api.create_stream({"name": OUT_STREAM, "subjects": ["shop.large-orders.*"], "duplicate_window": 3600 * 10**9})
+admin.create_stream({"name": OUT_STREAM, "subjects": ["shop.large-orders.*"], "duplicate_window": 3600 * 10**9})
 
 
 def large_orders(orders):
@@ -304,7 +314,7 @@ write_back = (
 write_back.awaitTermination()
 
 expected = sum(1 for o in orders if Decimal(f"{o['price']:.2f}") * o["quantity"] >= 400)
-print(f"{OUT_STREAM} holds {api.stream_info(OUT_STREAM)['state']['messages']} large orders (expected {expected})")
+print(f"{OUT_STREAM} holds {admin.stream_info(OUT_STREAM)['state']['messages']} large orders (expected {expected})")
 
 # COMMAND ----------
 
@@ -315,7 +325,7 @@ print(f"{OUT_STREAM} holds {api.stream_info(OUT_STREAM)['state']['messages']} la
 # COMMAND ----------
 
 large_orders(parse_orders(snapshot)).write.format("jetstream").options(**NATS).mode("append").save()
-print(f"after publishing them again, {OUT_STREAM} holds {api.stream_info(OUT_STREAM)['state']['messages']} messages")
+print(f"after publishing them again, {OUT_STREAM} holds {admin.stream_info(OUT_STREAM)['state']['messages']} messages")
 
 # COMMAND ----------
 
@@ -330,7 +340,7 @@ print(f"after publishing them again, {OUT_STREAM} holds {api.stream_info(OUT_STR
 # COMMAND ----------
 
 BUCKET = "shop_prices"
-api.create_stream(  # what `nats kv add shop_prices` makes
+admin.create_stream(  # what `nats kv add shop_prices` makes
     {"name": f"KV_{BUCKET}", "subjects": [f"$KV.{BUCKET}.>"], "max_msgs_per_subject": 1, "allow_rollup_hdrs": True,
      "deny_delete": True, "discard": "new", "allow_direct": True}
 )  # fmt: skip
@@ -357,7 +367,7 @@ def merge(changes, batch_id):
     """The table's next version: its rows without the changed keys, plus their latest values if still live."""
     latest = changes.withColumn("n", F.row_number().over(Window.partitionBy("key").orderBy(F.desc("revision"))))
     latest = latest.where("n = 1")
-    versions = sorted(p for p in os.listdir(TABLE)) if os.path.isdir(TABLE) else []
+    versions = list_dir(TABLE)
     table = (
         spark.read.parquet(f"{TABLE}/{versions[-1]}")
         if versions
@@ -382,7 +392,7 @@ sync()
 changes = spark.createDataFrame([("pear", None), ("kiwi", "0.50"), ("apple", "1.25")], "key string, value string")
 changes.write.format("jetstream").options(**NATS).option("bucket", BUCKET).mode("append").save()
 sync()
-latest_version = sorted(os.listdir(TABLE))[-1]
+latest_version = list_dir(TABLE)[-1]
 spark.read.parquet(f"{TABLE}/{latest_version}").orderBy("key").show()  # apple 1.25, kiwi 0.50, plum 2.10
 
 # COMMAND ----------
@@ -396,16 +406,13 @@ spark.read.parquet(f"{TABLE}/{latest_version}").orderBy("key").show()  # apple 1
 
 # COMMAND ----------
 
-from spark_jetstream.client.connection import close_all
-from spark_jetstream.groups.admin import delete_group
-
 for active in spark.streams.active:
     active.stop()
-delete_group(api, STREAM, GROUP)
-api.delete_stream(STREAM)  # also removes the consumers of the "large-orders" group
-api.delete_stream(OUT_STREAM)
-api.delete_stream(f"KV_{BUCKET}")
-close_all()
+admin.delete_group(STREAM, GROUP)
+admin.delete_stream(STREAM)  # also removes the consumers of the "large-orders" group
+admin.delete_stream(OUT_STREAM)
+admin.delete_stream(f"KV_{BUCKET}")
+admin.close()
 if embedded is not None:
     embedded.close()
     print("embedded nats-server stopped")

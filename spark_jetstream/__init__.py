@@ -1,4 +1,8 @@
-"""spark-jetstream: NATS JetStream as an exactly-once Spark Structured Streaming source and sink."""
+"""spark-jetstream: NATS JetStream as an exactly-once Spark Structured Streaming source and sink.
+
+The public names are those in ``__all__`` (docs/reference/api.md lists them): they follow semantic versioning from
+1.0. Every other module and name of the package is internal and may change in any release.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +27,10 @@ from spark_jetstream.errors import (
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from spark_jetstream.admin import JetStreamAdmin
+    from spark_jetstream.groups.admin import MemberStatus
+    from spark_jetstream.tools.monitoring import BatchProgress, JetStreamLagListener, batch_progress
+
 __version__ = "0.1.0"
 
 _logs.install()
@@ -35,19 +43,43 @@ def register(spark: SparkSession) -> None:
     spark.dataSource.register(JetStreamDataSource)
 
 
+_LAZY = {
+    "JetStreamAdmin": "spark_jetstream.admin",
+    "MemberStatus": "spark_jetstream.groups.admin",
+    "BatchProgress": "spark_jetstream.tools.monitoring",
+    "JetStreamLagListener": "spark_jetstream.tools.monitoring",
+    "batch_progress": "spark_jetstream.tools.monitoring",
+}
+"""Public names imported on first use: Spark's Python workers import the package, and need none of them (the
+monitoring ones need PySpark, which the package does not require)."""
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'spark_jetstream' has no attribute {name!r}")
+
+
 __all__ = [
     "ApiError",
+    "BatchProgress",
     "ClusterUnavailableError",
     "ConnectError",
     "ConsumerNotFoundError",
     "DataLossError",
     "FencedError",
     "GroupConfigError",
+    "JetStreamAdmin",
     "JetStreamError",
+    "JetStreamLagListener",
+    "MemberStatus",
     "OptionError",
     "ReaderError",
     "ServerTooOldError",
     "StreamNotFoundError",
     "__version__",
+    "batch_progress",
     "register",
 ]

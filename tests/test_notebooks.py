@@ -83,6 +83,23 @@ def test_databricks_notebook_has_the_same_cells_as_the_jupyter_one():
     assert headings(databricks) == headings(jupyter)
 
 
+def test_the_notebooks_use_only_public_names():
+    """What a notebook imports from the package is public (``spark_jetstream.__all__``, docs/reference/api.md), or
+    the test harness ``spark_jetstream.testing`` (the Jupyter notebook's throwaway server)."""
+    import spark_jetstream
+
+    public = set(spark_jetstream.__all__)
+    for cells in (jupyter_cells(), databricks_cells()):
+        code = "\n".join(source for kind, source in cells if kind == "code")
+        imports = re.findall(r"^from (spark_jetstream\S*) import (.+)$", code, re.M)
+        assert imports, "no import of the package found"
+        for module, names in imports:
+            assert module in ("spark_jetstream", "spark_jetstream.testing"), module
+            if module == "spark_jetstream":
+                assert {name.strip() for name in names.split(",")} <= public, names
+        assert set(re.findall(r"\bspark_jetstream\.(\w+)", code)) <= public | {"testing"}
+
+
 def write_kernel_spec(directory: Path) -> str:
     """A kernel spec that runs ipykernel in this interpreter, found through ``JUPYTER_PATH``.
 
