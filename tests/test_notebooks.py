@@ -100,6 +100,16 @@ def test_the_notebooks_use_only_public_names():
         assert set(re.findall(r"\bspark_jetstream\.(\w+)", code)) <= public | {"testing"}
 
 
+def test_the_api_page_lists_every_public_name():
+    """docs/reference/api.md has a row for each name in ``spark_jetstream.__all__``, and names no other of the
+    package's top level."""
+    import spark_jetstream
+
+    page = (NOTEBOOKS.parent / "docs" / "reference" / "api.md").read_text()
+    rows = {re.split(r"[(.]", name)[0] for name in re.findall(r"^\| `([\w.]+)(?:\(.*?\))?` \|", page, re.M)}
+    assert rows == set(spark_jetstream.__all__)
+
+
 def write_kernel_spec(directory: Path) -> str:
     """A kernel spec that runs ipykernel in this interpreter, found through ``JUPYTER_PATH``.
 
