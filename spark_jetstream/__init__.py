@@ -30,10 +30,6 @@ from spark_jetstream.errors import (
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from spark_jetstream.admin import JetStreamAdmin
-    from spark_jetstream.groups.admin import MemberStatus
-    from spark_jetstream.tools.monitoring import BatchProgress, JetStreamLagListener, batch_progress
-
 __version__ = "0.1.0"
 
 _logs.install()
@@ -47,14 +43,15 @@ def register(spark: SparkSession) -> None:
 
 
 _LAZY = {
-    "JetStreamAdmin": "spark_jetstream.admin",
+    "JetStreamAdmin": "spark_jetstream.tools.admin",
     "MemberStatus": "spark_jetstream.groups.admin",
     "BatchProgress": "spark_jetstream.tools.monitoring",
     "JetStreamLagListener": "spark_jetstream.tools.monitoring",
     "batch_progress": "spark_jetstream.tools.monitoring",
 }
-"""Public names imported on first use: Spark's Python workers import the package, and need none of them (the
-monitoring ones need PySpark, which the package does not require)."""
+"""Public names defined further down the package, loaded when first asked for: Spark's Python workers import the
+package and need none of them, nothing in the package imports them from here (``tools`` is a layer above this
+one), and the monitoring ones need PySpark, which the package does not require."""
 
 
 def __getattr__(name: str) -> object:

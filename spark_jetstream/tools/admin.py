@@ -1,5 +1,5 @@
 """``JetStreamAdmin``: streams and consumer groups from Python (a notebook, a script, a test), as the
-``spark-jetstream`` command line handles them. A public name (``spark_jetstream.JetStreamAdmin``)."""
+``spark-jetstream`` command line handles them. Public as ``spark_jetstream.JetStreamAdmin``."""
 
 from __future__ import annotations
 
