@@ -55,11 +55,11 @@ def caption(run: Run, others: float | None = None) -> str:
     """When, on what and under which load the run was measured (``others``: the largest share of the CPU other
     processes used during a charted measurement), on two lines."""
     machine, load = run["machine"], run["load_1min"]
-    busy = "" if others is None else f"; other processes used up to {others:.0%} of the CPU during a measurement"
+    busy = "" if others is None else f"; other processes took up to {others:.0%} of the CPU in a measurement"
     return (
         f"{run['started'][:16].replace('T', ' ')} UTC, commit {run['commit'] or '?'}, {machine['cores']} cores "
         f"({machine['cpu'] or 'unknown CPU'}), {run['master']}\n"
-        f"1-minute load {load['min']:.1f} at the lowest, {load['max']:.1f} at the highest{busy}"
+        f"1-minute load {load['min']:.1f}-{load['max']:.1f}{busy}"
     )
 
 
