@@ -367,11 +367,11 @@ def merge(changes, batch_id):
     """The table's next version: its rows without the changed keys, plus their latest values if still live."""
     latest = changes.withColumn("n", F.row_number().over(Window.partitionBy("key").orderBy(F.desc("revision"))))
     latest = latest.where("n = 1")
-    versions = list_dir(TABLE)
-    table = (
-        spark.read.parquet(f"{TABLE}/{versions[-1]}")
-        if versions
-        else spark.createDataFrame([], "key string, value binary, revision bigint")
+    session = changes.sparkSession  # the batch's own session: also where foreachBatch runs apart (Spark Connect)
+    table = (  # batch ids go up one at a time, and batch N wrote version N: no listing needed here
+        session.read.parquet(f"{TABLE}/v{batch_id - 1:06d}")
+        if batch_id > 0
+        else session.createDataFrame([], "key string, value binary, revision bigint")
     )
     merged = table.join(latest.select("key"), "key", "left_anti").unionByName(
         latest.where("operation = 'PUT'").select("key", "value", "revision")
@@ -393,7 +393,8 @@ changes = spark.createDataFrame([("pear", None), ("kiwi", "0.50"), ("apple", "1.
 changes.write.format("jetstream").options(**NATS).option("bucket", BUCKET).mode("append").save()
 sync()
 latest_version = list_dir(TABLE)[-1]
-spark.read.parquet(f"{TABLE}/{latest_version}").orderBy("key").show()  # apple 1.25, kiwi 0.50, plum 2.10
+prices_table = spark.read.parquet(f"{TABLE}/{latest_version}").orderBy("key").collect()
+print(f"prices table {latest_version}:", {row.key: bytes(row.value).decode() for row in prices_table})
 
 # COMMAND ----------
 

@@ -185,4 +185,6 @@ def test_jupyter_quickstart_runs_end_to_end(tmp_path, monkeypatch):
     large = re.search(r"quickstart-large-orders holds (\d+) large orders \(expected (\d+)\)", out)
     assert large and large.group(1) == large.group(2) and int(large.group(1)) > 0, out
     assert f"after publishing them again, quickstart-large-orders holds {large.group(1)} messages" in out
+    # the bucket synced twice into a parquet table: the second run's changes merged into the first run's version
+    assert re.search(r"^prices table v\d+: \{'apple': '1.25', 'kiwi': '0.50', 'plum': '2.10'\}$", out, re.M), out
     assert "embedded nats-server stopped" in out
