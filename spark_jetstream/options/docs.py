@@ -31,7 +31,9 @@ _PARTS: tuple[tuple[str, str, tuple[Option, ...]], ...] = (
     (
         "Consumer groups",
         "A read through a consumer group: the group, and how its member consumers are configured and pulled from. "
-        "The options after `group` are refused without it.",
+        + "Refused without `group`: "
+        + ", ".join(f"`{option.name}`" for option in GROUPS if option.group_only)
+        + ".",
         GROUPS,
     ),
     (
