@@ -337,3 +337,23 @@ def test_inconsistent_options_fail_at_load(spark, streaming, raw, message):
         reader.format("jetstream").options(**options).load()
     text = caught.value.getMessage() if hasattr(caught.value, "getMessage") else str(caught.value)
     assert f"OptionError: {message}" in text
+
+
+def test_the_option_reference_gives_each_option_its_type_modes_and_kafka_name():
+    """One row per option, in its part, with the parser's type (and bounds), the modes and Kafka's equivalent."""
+    from spark_jetstream.options import options_markdown
+
+    text = options_markdown()
+    rows = {line.split(" | ")[0].removeprefix("| `").removesuffix("`"): line for line in text.splitlines()}
+    assert {option.name for option in OPTIONS} <= set(rows)
+    assert rows["maxMessagesPerTrigger"].startswith(
+        "| `maxMessagesPerTrigger` | integer ≥ 1 | - | `readStream` | `maxOffsetsPerTrigger` |"
+    )
+    assert rows["pullExpires"].startswith("| `pullExpires` | duration ≥ 0.1s | 5s | `readStream` | - |")
+    assert rows["recordBatchBytes"].startswith("| `recordBatchBytes` | size, 1k to 1g | 16m | `readStream`, `read` |")
+    assert rows["startingPosition"].split(" | ")[4] == "`startingOffsets`"
+    assert (
+        "- **size**: bytes, or `512k`, `64m` (64 MiB), `1g`: in a size `2m` is 2 MiB, in a duration two minutes" in text
+    )
+    parts = re.findall(r"^## (.+)$", text, re.M)
+    assert parts == ["Connection", "Reading", "Consumer groups", "Writing", "Spark's Kafka options"]
