@@ -4,9 +4,12 @@ planning, group configs from KV, commit."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import UTC, datetime
+from typing import Any
 
+import nats
 import pytest
 from helpers import wait_for
 
@@ -21,6 +24,7 @@ from spark_jetstream.read.ranges import SmallBatch
 from spark_jetstream.streaming.config import SourceConfig
 from spark_jetstream.streaming.coordinator import ONE_TASK_MESSAGES, Coordinator
 from spark_jetstream.streaming.offsets import Watermark
+from spark_jetstream.streaming.ownership import owner_subject
 from spark_jetstream.streaming.planning import Limits
 from spark_jetstream.testing import EmbeddedServer
 
@@ -217,6 +221,41 @@ def test_a_second_coordinator_on_a_group_is_refused(nats_server, make_stream, co
     coordinators(nats_server.url, stream.name, "solo")
     with pytest.raises(GroupConfigError, match=r"Group 'solo' on stream .* is already read by a running query"):
         coordinators(nats_server.url, stream.name, "solo")
+
+
+def test_only_the_owner_the_member_consumers_name_counts_as_a_running_query(
+    nats_server, conn, make_stream, coordinators
+):
+    """Another client answering on the owner subjects (a catch-all responder) neither blocks a group nobody reads nor
+    hides a running query: only an answer that is the owner written into the member consumers counts."""
+    stream = make_stream(10, partitions=1)
+
+    async def catch_all() -> nats.NATS:
+        stranger = await nats.connect(nats_server.url)
+
+        async def answer(msg: Any) -> None:
+            await msg.respond(b"spark-node-7:4242 since 2026-01-01T00:00:00.000+00:00")
+
+        await stranger.subscribe("_SPARK_JETSTREAM.>", cb=answer)
+        await stranger.flush()
+        return stranger
+
+    stranger = conn.run(catch_all())
+    try:
+        first = coordinators(nats_server.url, stream.name, "solo")
+        assert first.group is not None
+        owner = first.group.owner
+        assert first.group.members.owners() == {owner}
+        with pytest.raises(GroupConfigError, match=rf"is already read by a running query \({re.escape(owner)}\)"):
+            coordinators(nats_server.url, stream.name, "solo")
+    finally:
+        conn.run(stranger.close())
+
+
+def test_the_owner_subject_of_another_domain_is_its_own():
+    assert owner_subject("$JS.API", "ORDERS", "g") == "_SPARK_JETSTREAM.owner.ORDERS.g"
+    assert owner_subject("$JS.leaf.API", "ORDERS", "g") == "_SPARK_JETSTREAM.owner.$JS.leaf.API.ORDERS.g"
+    assert owner_subject("JS.OWNER.API", "ORDERS", "g") == "_SPARK_JETSTREAM.owner.JS.OWNER.API.ORDERS.g"
 
 
 @pytest.mark.slow

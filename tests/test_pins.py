@@ -14,8 +14,9 @@ from helpers import wait_for
 from spark_jetstream.client.jsapi import PRIORITY_GROUP, JetStreamApi, pin_holder
 from spark_jetstream.errors import ApiError, GroupConfigError
 from spark_jetstream.groups.admin import group_layout
-from spark_jetstream.streaming.member_consumers import OWNER_METADATA_KEY, MemberConsumers
-from spark_jetstream.streaming.pins import PinKeeper
+from spark_jetstream.groups.layout import OWNER_METADATA_KEY
+from spark_jetstream.streaming.member_consumers import MemberConsumers
+from spark_jetstream.streaming.pins import SWEEP_EVERY, PinKeeper
 
 pytestmark = pytest.mark.slow
 
@@ -132,7 +133,7 @@ def test_a_taking_whose_reply_was_lost_is_reset_away_before_the_first_batch(
 
         # one trace per taking: a client that presents that pin and pulls one message is another client
         assert pull_one(nats_server.url, api, stream.name, lost[0], lost_pin)  # served: it presented the pin id
-        wait_for(lambda: keeper.error is not None, 10, "the keeper to find the other client")
+        wait_for(lambda: keeper.error is not None, 2 * SWEEP_EVERY + 5, "the keeper to find the other client")
         with pytest.raises(GroupConfigError, match=rf"member consumer {lost[0]!r} .*\(1 delivery since the query"):
             keeper.raise_error()
     finally:

@@ -24,6 +24,11 @@ DEFAULT_ACK_WAIT: float = default_of("ackWait")
 """Seconds. Nothing is acked while Spark works on a batch; redelivery must not kick in meanwhile."""
 
 
+OWNER_METADATA_KEY = "spark-jetstream.owner"
+"""The member consumers' metadata key that names the query that made them last: a consumer that has it is the
+connector's."""
+
+
 def member_consumer_name(group: str, member: str) -> str:
     return f"{group}-{member}"
 

@@ -128,6 +128,18 @@ READS: tuple[Option, ...] = (
         minimum=0,
     ),
     Option(
+        "idleInterval",
+        parse_duration,
+        1.0,
+        "How often a caught-up query asks for stream info (one JetStream API request each, answered by the stream "
+        "leader) while it waits for the next message on a core subscription to the stream's subjects; a message "
+        "published there is read at once whatever this says. Messages that reach the stream another way (a stream "
+        "that sources or mirrors) wait up to this long.",
+        frozenset({STREAM}),
+        "read",
+        minimum=0.1,
+    ),
+    Option(
         "endingPosition",
         parse_end_position,
         "latest",

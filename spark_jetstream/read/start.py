@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -76,15 +77,18 @@ def start_after(
     timestamp: datetime | None,
     first_seq: int,
     last_seq: int,
+    made: Collection[str] = (),
 ) -> int:
     """The seq after which a new read starts (``startingPosition`` or ``startingTimestamp``).
 
     Without either: ``group`` when every member consumer exists (only with a ``layout``), else
-    ``earliest``. ``group`` is the lowest ack floor of the member consumers, which must all exist.
+    ``earliest``. ``group`` is the lowest ack floor of the member consumers, which must all exist;
+    those in ``made`` (created by this run of the query) count as missing.
     """
     if timestamp is not None:
         return seq_at(api, stream, timestamp, last_seq) - 1
     infos = member_infos(api, layout) if layout is not None and position in (None, "group") else {}
+    infos = {member: None if layout and layout.consumer(member) in made else info for member, info in infos.items()}
     if position is None:
         position = "group" if infos and all(infos.values()) else "earliest"
     if position == "earliest":

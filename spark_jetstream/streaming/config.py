@@ -51,6 +51,7 @@ class SourceConfig:
     max_bytes_per_trigger: int | None = None
     min_messages: int | None = None
     max_trigger_delay: float = default_of("maxTriggerDelay")
+    idle_interval: float = default_of("idleInterval")
     fail_on_data_loss: bool = default_of("failOnDataLoss")
     include_headers: bool = default_of("includeHeaders")
     ack_wait: float = default_of("ackWait")

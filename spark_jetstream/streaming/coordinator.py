@@ -35,7 +35,7 @@ from spark_jetstream.streaming.held_group import HeldGroup
 from spark_jetstream.streaming.history import WentBack, went_back
 from spark_jetstream.streaming.offsets import BatchEnd, Watermark
 from spark_jetstream.streaming.planning import Limits, batch_end
-from spark_jetstream.streaming.waker import IDLE_AFTER, IDLE_INTERVAL, Waker
+from spark_jetstream.streaming.waker import IDLE_AFTER, Waker
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class Coordinator:
     # -- stream --------------------------------------------------------------------------------
 
     def state(self, fresh: bool = False) -> StreamState:
-        """Stream info, at most every ``STREAM_INFO_INTERVAL`` unless ``fresh`` (``IDLE_INTERVAL`` while the stream is
+        """Stream info, at most every ``STREAM_INFO_INTERVAL`` unless ``fresh`` (``idleInterval`` while the stream is
         idle and no message woke the query: ``_interval``).
 
         Once the query has a state, a call unanswered within ``STREAM_INFO_WAIT`` (the stream's leader is being
@@ -165,7 +165,7 @@ class Coordinator:
 
     def _interval(self, now: float) -> float:
         """How long stream info read ``now - _state_at`` ago stays good: ``STREAM_INFO_INTERVAL`` while the stream
-        changes; once it is idle, ``IDLE_INTERVAL`` with the waker's subscription armed, and none once a message woke
+        changes; once it is idle, ``idleInterval`` with the waker's subscription armed, and none once a message woke
         it (the stream is then asked often again for ``IDLE_AFTER`` s)."""
         waker = self._waker
         if now - self._changed_at < IDLE_AFTER or waker.refused:
@@ -177,7 +177,7 @@ class Coordinator:
             return 0.0
         waker.arm()
         waker.check()
-        return STREAM_INFO_INTERVAL if waker.refused else IDLE_INTERVAL
+        return STREAM_INFO_INTERVAL if waker.refused else self.config.idle_interval
 
     def _take_state(self, info: dict[str, Any]) -> None:
         """Keep the stream info ``info`` of the read stream, read just now."""
@@ -251,6 +251,7 @@ class Coordinator:
                 config.starting_timestamp,
                 state.first_seq,
                 state.last_seq,
+                self.group.members.made if self.group is not None else (),
             )
         )
 

@@ -19,7 +19,7 @@ from typing import Any
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import GroupConfigError
 from spark_jetstream.groups.layout import GroupLayout, Member
-from spark_jetstream.groups.resolve import find_group_async, layout_of, resolve_layout
+from spark_jetstream.groups.resolve import find_group_again_async, find_group_async, layout_of, resolve_layout
 from spark_jetstream.read.ranges import MemberRange
 from spark_jetstream.streaming.config import SourceConfig
 from spark_jetstream.streaming.member_consumers import MemberConsumers, check_ack_policy
@@ -34,6 +34,9 @@ LAYOUT_WAIT = 1.0
 """Seconds planning waits for the group's config before the batch keeps the last batch's layout."""
 LAYOUT_RETRY = 5.0
 """Seconds after an unanswered look at the group's config during which batches keep the layout without looking."""
+CONFIG_LOOK = 30.0
+"""Seconds between looks for a config of a group derived from the stream's transform (one appears only when an
+operator makes one): the look lists the config buckets, which only the meta leader answers."""
 
 
 class HeldGroup:
@@ -53,6 +56,7 @@ class HeldGroup:
             api, layout, config.ack_wait, config.ack_policy, self.owner, config.priority_timeout
         )
         self._layout_unanswered = float("-inf")  # when the group's config last went unanswered
+        self._derived_looked = time.monotonic()  # when a derived group last looked for a config of its own
 
     @property
     def layout(self) -> GroupLayout:
@@ -65,15 +69,17 @@ class HeldGroup:
 
     def hold(self, pulled: bool, retention: str) -> None:
         """Check what the read needs of the group, start keeping the pins unless the tasks pull from the member
-        consumers (``pulled``: they hold the pins then) and claim the group, last: a refused query holds nothing."""
+        consumers (``pulled``: they hold the pins then) and claim the group, last: a refused query holds nothing. The
+        member consumers are made (with this query as their owner) once the group is found free, before this query
+        answers for it (``GroupClaim``)."""
         check_ack_policy(self.config.ack_policy, retention, self.layout)
         self.members.check_not_in_use()
         if pulled:
             self._warn_crowded_members()
         else:
             self.pins = PinKeeper(self.members)  # nothing of the query pulls from them: it keeps the pins itself
-        self._claim = GroupClaim(self.api.conn, self.source_config["name"], self.name, self.owner)
-        self._claim.claim()
+        self._claim = GroupClaim(self.api.conn, self.source_config["name"], self.name, self.owner, self.members.owners)
+        self._claim.claim(lambda: self.members.ensure(retention))
 
     def close(self) -> None:
         """Give up the pins and the claim (safe on a half-held group, and twice)."""
@@ -149,14 +155,23 @@ class HeldGroup:
         ]
 
     def _layout_now(self) -> GroupLayout:
-        """The layout for the next batch. When the group's config cannot be read within ``LAYOUT_WAIT`` (without a
-        config bucket, telling a missing bucket from an election needs the meta leader, and one killed takes 4-9 s
-        to replace), the last batch's layout: the change then takes effect at a later boundary, and the query does
-        not stall meanwhile; for ``LAYOUT_RETRY`` after such a look the layout is kept without looking."""
+        """The layout for the next batch: a group with a config reads it again (its bucket's leader), a derived one
+        looks for a config every ``CONFIG_LOOK``. When the group's config cannot be read within ``LAYOUT_WAIT``
+        (without a config bucket, telling a missing bucket from an election needs the meta leader, and one killed
+        takes 4-9 s to replace), the last batch's layout: the change then takes effect at a later boundary, and the
+        query does not stall meanwhile; for ``LAYOUT_RETRY`` after such a look the layout is kept without looking."""
         config = self.config
         if time.monotonic() - self._layout_unanswered < LAYOUT_RETRY:
             return self.layout  # still an election: one batch a second would each wait LAYOUT_WAIT
-        lookup = asyncio.wait_for(find_group_async(self.api, self.source_config["name"], self.name), LAYOUT_WAIT)
+        stream, kind = self.source_config["name"], self.layout.kind
+        if kind in ("static", "elastic"):
+            find = find_group_again_async(self.api, stream, self.name, kind)
+        elif time.monotonic() - self._derived_looked < CONFIG_LOOK:
+            return self.layout
+        else:
+            self._derived_looked = time.monotonic()
+            find = find_group_async(self.api, stream, self.name)
+        lookup = asyncio.wait_for(find, LAYOUT_WAIT)
         try:
             found = self.api.conn.run(lookup)
         except TimeoutError:

@@ -26,14 +26,13 @@ from spark_jetstream.errors import (
     OptionError,
     ServerTooOldError,
 )
-from spark_jetstream.groups.layout import GroupLayout
+from spark_jetstream.groups.layout import OWNER_METADATA_KEY, GroupLayout
 from spark_jetstream.options import ACK_POLICIES, DEFAULT_PRIORITY_TIMEOUT
 from spark_jetstream.read.start import member_infos
 from spark_jetstream.streaming.faults import fault_point
 
 log = logging.getLogger(__name__)
 
-OWNER_METADATA_KEY = "spark-jetstream.owner"
 _WORKQUEUE_OVERLAP = (10099, 10100)  # unfiltered or overlapping consumers on a WorkQueue stream
 
 
@@ -79,6 +78,7 @@ class MemberConsumers:
         self._movers: dict[str, asyncio.Task[None]] = {}
         # layout changes started plus ended: odd while the consumers are being made to match a new layout
         self.layout_changes = 0
+        self.made: set[str] = set()  # member consumers this run created: none of them holds a position of the group
 
     @property
     def stream(self) -> str:
@@ -86,6 +86,15 @@ class MemberConsumers:
 
     def infos(self) -> dict[str, dict[str, Any] | None]:
         return member_infos(self.api, self.layout)
+
+    def owners(self) -> set[str]:
+        """The owners the member consumers' metadata names: the query that wrote each last."""
+        infos = self.infos().values()
+        return {
+            owner
+            for info in infos
+            if info and (owner := (info["config"].get("metadata") or {}).get(OWNER_METADATA_KEY))
+        }
 
     # -- making them -----------------------------------------------------------------------------
 
@@ -132,6 +141,7 @@ class MemberConsumers:
                 raise self._create_error(layout.consumer(member), created)
             if isinstance(created, BaseException):
                 raise created
+        self.made.update(set(wanted) - set(existing))
         if not workqueue:  # on other streams the new consumers hold the interest before the old go
             for name in stale:
                 self._delete(name)

@@ -11,7 +11,7 @@ Taking a pin needs a delivery (the server pins the first id-less pull it deliver
 message, then a RESET of that consumer to the committed watermark, under the same lock as the
 commit's RESETs, so the delivery leaves nothing behind (no pending message, no ack-none floor moved).
 
-Every ``KEEP_ALIVE`` the keeper also reads each member consumer's info: more than one delivery since
+Every ``SWEEP_EVERY`` seconds the keeper also reads each member consumer's info: more than one delivery since
 the last RESET (``delivered.consumer_seq`` restarts at 0 with each RESET and the query makes none), a
 pin it did not take, or a config another client changed, is another client at work on Spark's consumer.
 The query then fails at its next call into the source (``raise_error``), naming the consumer. One
@@ -42,7 +42,10 @@ from spark_jetstream.streaming.member_consumers import MemberConsumers
 log = logging.getLogger(__name__)
 
 KEEP_ALIVE = 1.0
-"""Seconds between keep-alive pulls and consumer checks: a foreign puller is found within about this."""
+"""Seconds between keep-alive pulls (no API request: a pull is a consumer's, answered by its leader)."""
+SWEEP_EVERY = 5.0
+"""Seconds between checks of every member consumer (``CONSUMER.INFO`` each, an API request): a foreign puller is found
+within about this, and a busy query checks each consumer before its floor moves anyway."""
 
 _NS = 1_000_000_000
 _TAKE_WAIT = 2.0  # how long a pull that takes a pin waits for a message
@@ -66,6 +69,7 @@ class PinKeeper:
         self.traced: set[str] = set()
         self.error: JetStreamError | None = None
         self.rounds = 0  # rounds done; the first takes every pin it can, after unpinning whatever held it
+        self.swept = float("-inf")  # when the last round checked every member consumer (loop time)
         self._task: asyncio.Future[None] | None = None
 
     def start(self) -> None:
@@ -134,6 +138,10 @@ class PinKeeper:
             self.undoing.discard(gone)
             self.traced.discard(gone)
         await asyncio.gather(*(self._keep(consumer, unpin) for consumer in consumers))
+        now = asyncio.get_running_loop().time()
+        if now - self.swept < SWEEP_EVERY:
+            return
+        self.swept = now
         traces = await self.check()
         self.undoing.update(traces)
         self.traced.update(traces)

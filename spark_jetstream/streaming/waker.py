@@ -3,11 +3,11 @@
 Spark calls ``latestOffset`` about every 10 ms while nothing arrives, and planning read stream info at most every
 ``STREAM_INFO_INTERVAL`` (0.1 s): about 10 JetStream API requests a second per idle query, each answered by the
 stream's leader. Once the stream's last seq has not moved for ``IDLE_AFTER`` s, the query subscribes (core NATS) to the
-subjects the stream takes and asks only every ``IDLE_INTERVAL`` s; the first message published there wakes it, and it
-unsubscribes and asks at once (then often, for ``IDLE_AFTER`` s: a stream that sources another gets the message a moment
-later). The server sends the query one message per idle spell. A stream without subjects of its own (a mirror, one
-that only sources) is not subscribed to and is asked every ``IDLE_INTERVAL`` s; a subscription the NATS user may not
-make (a permissions violation) is given up on, and the query polls as before.
+subjects the stream takes and asks only every ``idleInterval`` (option, 1 s); the first message published there wakes
+it, and it unsubscribes and asks at once (then often, for ``IDLE_AFTER`` s: a stream that sources another gets the
+message a moment later). The server sends the query one message per idle spell. A stream without subjects of its own
+(a mirror, one that only sources) is not subscribed to and is asked every ``idleInterval``; a subscription the NATS
+user may not make (a permissions violation) is given up on, and the query polls as before.
 """
 
 from __future__ import annotations
@@ -25,9 +25,6 @@ log = logging.getLogger(__name__)
 
 IDLE_AFTER = 2.0
 """Seconds without a change of the stream's last seq after which the query waits for a message instead of polling."""
-IDLE_INTERVAL = 1.0
-"""Seconds between stream-info calls while waiting: a safety net for what the subscription cannot see (a stream that
-sources another, messages that reach the stream by another route)."""
 
 
 class Waker:
