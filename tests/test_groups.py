@@ -240,6 +240,31 @@ def test_group_cli_round_trip(nats_server, api):
         api.delete_stream("Cli")
 
 
+def test_group_delete_removes_a_derived_groups_member_consumers_and_nothing_else(nats_server, api, make_stream):
+    """A group derived from the stream's partition transform has no config: ``group delete`` removes the member
+    consumers a query made for it (its owner metadata says so), and leaves a consumer another tool named alike."""
+    stream = make_stream(20, partitions=3)
+    Coordinator(SourceConfig.parse({"servers": nats_server.url, "stream": stream.name, "group": "old"})).close()
+    api.create_consumer(stream.name, {"durable_name": "old-tool", "ack_policy": "explicit"})
+    made = sorted(name for name in api.consumer_names(stream.name) if name.startswith("old-"))
+    assert made == ["old-0", "old-1", "old-2", "old-tool"]
+    removed = subprocess.run(
+        ["spark-jetstream", "group", "delete", "--stream", stream.name, "--group", "old", "--servers", nats_server.url],
+        capture_output=True,
+        text=True,
+    )
+    assert removed.returncode == 0, removed.stderr
+    assert removed.stdout.splitlines() == [
+        "deleted the member consumer old-0",
+        "deleted the member consumer old-1",
+        "deleted the member consumer old-2",
+        f"deleted group 'old' on stream {stream.name!r}",
+    ]
+    assert sorted(name for name in api.consumer_names(stream.name) if name.startswith("old-")) == ["old-tool"]
+    with pytest.raises(GroupConfigError, match=f"There is no group 'old' on stream {stream.name!r}"):
+        delete_group(api, stream.name, "old")
+
+
 def test_a_static_group_in_pcgroups_exact_json_is_read_by_spark(spark, nats_server, conn, api, make_stream, tmp_path):
     stream = make_stream(2000, partitions=4)
     subject_filter = next(iter(stream.messages.values()))[0].split(".")[0] + ".*"

@@ -43,6 +43,8 @@ class ConnectionOptions:
     domain: str | None = None
     api_import: str | None = None
     """The prefix an imported JetStream API is reached under (option ``apiPrefix``)."""
+    inbox_prefix: str | None = None
+    """Where replies come to (option ``inboxPrefix``; None: nats-py's ``_INBOX``)."""
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     silence_timeout: float = DEFAULT_SILENCE_TIMEOUT
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT

@@ -335,6 +335,7 @@ async def open_client(
         user=options.user,
         password=options.password,
         pending_size=64 * 1024 * 1024,
+        inbox_prefix=options.inbox_prefix,
     )
     connecting = asyncio.ensure_future(client.connect(**{k: v for k, v in kwargs.items() if v is not None}))
     watching = asyncio.ensure_future(refused.wait())

@@ -16,6 +16,7 @@ from spark_jetstream.client.kv import WRONG_LAST_SEQUENCE, key_value, write_entr
 from spark_jetstream.errors import ApiError, ConsumerNotFoundError, GroupConfigError, StreamNotFoundError
 from spark_jetstream.groups.layout import (
     ELASTIC_BUCKET,
+    OWNER_METADATA_KEY,
     GroupConfig,
     GroupLayout,
     member_consumer_name,
@@ -66,21 +67,46 @@ def create_group(api: JetStreamApi, stream: str, group: str, config: GroupConfig
     return config
 
 
-def delete_group(api: JetStreamApi, stream: str, group: str) -> None:
-    """Remove the config, then the static group's member consumers or the elastic group's work stream."""
-    config, _ = load_group(api, stream, group)
+def delete_group(api: JetStreamApi, stream: str, group: str) -> list[str]:
+    """Remove the config, then the static group's member consumers or the elastic group's work stream; of a group
+    derived from the stream's partition transform (no config), the member consumers a query made (they carry its
+    owner metadata). Returns what was removed, by name."""
+    found = find_group(api, stream, group)
+    if found is None:
+        return _delete_derived(api, stream, group)
+    config = found[0]
 
     async def forget() -> None:
         await write_entry(api, config.bucket, group_key(stream, group), None)
 
     api.conn.run(forget())
+    removed = [f"the group config {group_key(stream, group)} in KV bucket {config.bucket}"]
     if config.kind == "elastic":
         with contextlib.suppress(StreamNotFoundError):
             api.delete_stream(work_stream_name(stream, group))
-        return
+            removed.append(f"the work stream {work_stream_name(stream, group)}")
+        return removed
     for member in config.mapping():
         with contextlib.suppress(ConsumerNotFoundError, StreamNotFoundError):
             api.delete_consumer(stream, member_consumer_name(group, member))
+            removed.append(f"the member consumer {member_consumer_name(group, member)}")
+    return removed
+
+
+def _delete_derived(api: JetStreamApi, stream: str, group: str) -> list[str]:
+    names = [name for name in api.consumer_names(stream) if name.startswith(f"{group}-")]
+    infos = api.conn.run(api.consumer_infos_async(stream, names))
+    made = [
+        name
+        for name, info in infos.items()
+        if info is not None and OWNER_METADATA_KEY in (info["config"].get("metadata") or {})
+    ]
+    if not made:
+        raise no_group_error(stream, group)
+    for name in sorted(made):
+        with contextlib.suppress(ConsumerNotFoundError):
+            api.delete_consumer(stream, name)
+    return [f"the member consumer {name}" for name in sorted(made)]
 
 
 def change_members(

@@ -15,6 +15,7 @@ from spark_jetstream.options.option import ALL, Option
 from spark_jetstream.options.parsers import (
     parse_api_prefix,
     parse_duration,
+    parse_inbox_prefix,
     parse_servers,
     parse_text,
 )
@@ -65,6 +66,14 @@ CONNECTION: tuple[Option, ...] = (
         "JetStream API prefix of a stream shared from another account, as this account imports that account's "
         "`$JS.API.>` (e.g. `JS.OWNER.API`); instead of `domain` (README, Security).",
         attr="api_import",
+    ),
+    _connection(
+        "inboxPrefix",
+        parse_inbox_prefix,
+        None,
+        "The subject prefix replies come to (default `_INBOX`), e.g. `_INBOX.spark-team`: the NATS user then needs "
+        "`subscribe` on `<prefix>.>` only, not on every client's `_INBOX.>` (Security).",
+        attr="inbox_prefix",
     ),
     _connection(
         "connectTimeout",

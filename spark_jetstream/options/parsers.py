@@ -120,12 +120,18 @@ def parse_subject(text: str) -> str:
 def parse_api_prefix(text: str) -> str:
     """A JetStream API prefix (``JS.OWNER.API``): a subject without wildcards; a trailing dot or ``.>`` of the
     import's ``to`` is dropped."""
+    return _subject_prefix(text, "the subject prefix the JetStream API is imported under, such as JS.OWNER.API")
+
+
+def parse_inbox_prefix(text: str) -> str:
+    """Where replies come to (``_INBOX.spark-team``): a subject without wildcards; a trailing ``.>`` is dropped."""
+    return _subject_prefix(text, "the subject prefix replies come to, such as _INBOX.spark-team")
+
+
+def _subject_prefix(text: str, expected: str) -> str:
     stripped = text.strip().removesuffix(".>").removesuffix(".")
     if not re.match(SUBJECT_PATTERN, stripped):
-        raise ValueError(
-            "expected the subject prefix the JetStream API is imported under, such as JS.OWNER.API (no spaces, empty "
-            "tokens or wildcards)"
-        )
+        raise ValueError(f"expected {expected} (no spaces, empty tokens or wildcards)")
     return stripped
 
 

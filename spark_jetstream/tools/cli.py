@@ -32,6 +32,7 @@ from spark_jetstream.groups.layout import (
     PartitioningFilter,
 )
 from spark_jetstream.options import CONNECTION_OPTIONS, Option, parse_connection_options
+from spark_jetstream.tools.rights import read_rights
 
 
 def demo_command(args: argparse.Namespace) -> int:
@@ -190,6 +191,25 @@ def group_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def rights_command(args: argparse.Namespace) -> int:
+    if args.group and not args.consumers and not args.batch:
+        print("--group needs --consumers: the member consumers' names (`spark-jetstream status` lists them)")
+        return 2
+    needed = read_rights(
+        args.stream,
+        consumers=args.consumers,
+        group=args.group,
+        direct=not args.pull,
+        streaming=not args.batch,
+        workqueue=args.workqueue,
+        api_prefix=args.api_prefix,
+        inbox_prefix=args.inbox_prefix,
+        subjects=args.subjects,
+    )
+    print(needed.conf())
+    return 0
+
+
 def status_command(args: argparse.Namespace) -> int:
     api = _api(args)
     rows = status(api, args.stream, args.group, args.members)
@@ -229,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("create", "create a static or elastic group"),
         ("info", "show a group's config and member partitions"),
         ("list", "list the groups of a stream"),
-        ("delete", "delete a group (and its member consumers or work stream)"),
+        ("delete", "delete a group: its config and member consumers or work stream (derived: the member consumers)"),
         ("add", "add members to an elastic group"),
         ("drop", "drop members from an elastic group"),
         ("map", "set an elastic group's member mappings"),
@@ -256,6 +276,20 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--member", required=True)
             _members_arg(sub)
         sub.set_defaults(func=group_command)
+
+    rights = commands.add_parser("rights", help="print the NATS permissions a read needs, and nothing more")
+    rights.add_argument("--stream", required=True, help="the stream")
+    rights.add_argument("--group", help="the group a streaming read holds")
+    rights.add_argument(
+        "--consumers", nargs="+", default=(), help="the group's member consumers (e.g. spark-orders-0 spark-orders-1)"
+    )
+    rights.add_argument("--pull", action="store_true", help="readMode=pull (no Direct Get)")
+    rights.add_argument("--batch", action="store_true", help="a batch read (spark.read), not a streaming one")
+    rights.add_argument("--workqueue", action="store_true", help="the stream has WorkQueue retention")
+    rights.add_argument("--inbox-prefix", default="_INBOX", help="the inboxPrefix option (default _INBOX)")
+    rights.add_argument("--api-prefix", default="$JS.API", help="$JS.<domain>.API, or an imported API's prefix")
+    rights.add_argument("--subjects", nargs="+", default=(), help="the stream's subjects, for an idle query to wait on")
+    rights.set_defaults(func=rights_command)
 
     show = commands.add_parser("status", help="per member: partitions, pin holder, ack floor, pending and lag")
     _connection_args(show)
