@@ -11,6 +11,7 @@ import time
 import pyarrow as pa
 import pytest
 from helpers import query_not_failed, slow_parquet_query, wait_for
+from pyspark.sql.types import StringType, StructField, StructType
 
 from spark_jetstream.client import retry
 from spark_jetstream.client.connection import DIRECT_ATTEMPT, ConnectionOptions, connect, disconnect
@@ -20,6 +21,7 @@ from spark_jetstream.groups.layout import member_consumer_config, partition_filt
 from spark_jetstream.read.direct import read_range
 from spark_jetstream.read.ranges import MemberRange, SeqRange
 from spark_jetstream.sink import markers
+from spark_jetstream.sink.writer import stream_writer
 from spark_jetstream.streaming.pull import PullSettings, read_member
 from spark_jetstream.testing import move_leader
 
@@ -185,6 +187,25 @@ def test_a_publish_no_stream_captures_is_refused_at_once_naming_the_subject(clus
     with pytest.raises(ConnectError, match="No stream captures nowhere.y .*create one, or fix the subject"):
         conn.run(retry.request(conn, "nowhere.y", b"x"), timeout=30)
     assert time.monotonic() - began < 3
+
+
+def test_the_commit_bucket_has_as_many_replicas_as_the_target_stream(nats_cluster, cluster_api):
+    """A streaming writer's commit bucket is made with the target stream's replicas unless told otherwise: with one
+    replica, one server's loss loses the markers of an R3 stream's writes."""
+    cluster_api.create_stream({"name": "R3T", "subjects": ["r3t.>"], "num_replicas": 3})
+    cluster_api.create_stream({"name": "R2T", "subjects": ["r2t.>"], "num_replicas": 2})
+    schema = StructType([StructField("data", StringType())])
+    url = nats_cluster.servers[0].url
+    stream_writer({"servers": url, "subject": "r3t.a", "commitBucket": "c-subject"}, schema)
+    stream_writer({"servers": url, "subject": "r3t.a", "expectedStream": "R2T", "commitBucket": "c-expected"}, schema)
+    with_subjects = StructType([StructField("subject", StringType()), StructField("data", StringType())])
+    stream_writer({"servers": url, "commitBucket": "c-unknown"}, with_subjects)  # each row names its subject
+    stream_writer({"servers": url, "subject": "r3t.a", "commitBucket": "c-told", "commitBucketReplicas": "2"}, schema)
+    replicas = {
+        bucket: cluster_api.stream_info(f"KV_{bucket}")["config"]["num_replicas"]
+        for bucket in ("c-subject", "c-expected", "c-unknown", "c-told")
+    }
+    assert replicas == {"c-subject": 3, "c-expected": 2, "c-unknown": 1, "c-told": 2}
 
 
 def current_replicas(api, stream: str) -> int:

@@ -72,8 +72,10 @@ WRITES: tuple[Option, ...] = (
     Option(
         "commitBucketReplicas",
         parse_positive_int,
-        1,
-        "Replicas of `commitBucket` when the writer creates it.",
+        None,
+        "Replicas of `commitBucket` when the writer creates it. Default: as many as the target stream has (the "
+        "stream `expectedStream` names, or the one that takes the `subject` option's subject), else 1; a bucket "
+        "with fewer replicas than the stream loses the markers, and exactly-once with them, with one server.",
         frozenset({WRITE}),
         "sink",
     ),

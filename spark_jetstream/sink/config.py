@@ -31,7 +31,7 @@ class SinkConfig:
     bucket: str | None = None
     atomic_batch_size: int = default_of("atomicBatchSize")
     commit_bucket: str = default_of("commitBucket")
-    commit_bucket_replicas: int = default_of("commitBucketReplicas")
+    commit_bucket_replicas: int | None = None
     window: int = default_of("publishWindow")
     window_bytes: int = default_of("publishWindowBytes")
     timeout: float = default_of("publishTimeout")

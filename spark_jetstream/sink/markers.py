@@ -19,11 +19,14 @@ _ensured: set[tuple[ConnectionOptions, str]] = set()
 _ensured_lock = threading.Lock()
 
 
-def ensure_bucket(conn: Connection, bucket: str, replicas: int) -> None:
-    """Create the KV bucket of commit markers when missing (once per process)."""
+def ensure_bucket(conn: Connection, bucket: str, replicas: int | None, target: str | None = None) -> None:
+    """Create the KV bucket of commit markers when missing (once per process), with ``replicas`` or, when None, as
+    many as the stream ``target`` (None: 1)."""
     with _ensured_lock:
         if (conn.options, bucket) in _ensured:
             return
+    if replicas is None:
+        replicas = 1 if target is None else int(JetStreamApi(conn).stream_info(target)["config"].get("num_replicas", 1))
     description = "spark-jetstream: the last committed batch of each streaming query"
     conn.run(
         key_value(JetStreamApi(conn), bucket, create=True, replicas=replicas, description=description, direct=True)

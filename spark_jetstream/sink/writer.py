@@ -48,7 +48,8 @@ import pyarrow as pa
 from pyspark.sql.types import StructType
 
 from spark_jetstream.client.connection import Connection, connect
-from spark_jetstream.errors import JetStreamError, OptionError, surfaced
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.errors import JetStreamError, NotPermittedError, OptionError, surfaced
 from spark_jetstream.sink.atomic import AtomicWriter, ProgressTarget, progress_target
 from spark_jetstream.sink.config import Columns, SinkConfig, check_columns
 from spark_jetstream.sink.kv import KvColumns, check_kv_columns, publish_kv
@@ -255,6 +256,18 @@ def _progress(conn: Connection, config: SinkConfig, columns: Columns | KvColumns
     return progress
 
 
+def _target_stream(conn: Connection, config: SinkConfig) -> str | None:
+    """The stream the write goes to, where the options say: ``expectedStream``, or the stream that takes the
+    ``subject`` option's subject (rows may name others; the commit bucket's replicas follow it)."""
+    if config.expected_stream or config.subject is None:
+        return config.expected_stream
+    try:
+        names = JetStreamApi(conn).stream_names(config.subject)
+    except NotPermittedError:  # a writer's rights need not list streams: the bucket then has one replica
+        return None
+    return names[0] if len(names) == 1 else None
+
+
 def _columns(schema: StructType, config: SinkConfig) -> Columns | KvColumns:
     """The columns a write uses: a stream's, or a bucket's (``key``, ``value``, ``revision``)."""
     return check_kv_columns(schema, config.bucket) if config.bucket else check_columns(schema, config)
@@ -278,7 +291,7 @@ def stream_writer(options: Mapping[str, str], schema: StructType) -> JetStreamSt
     conn = connect(config.connection)
     progress = _progress(conn, config, columns)
     if progress is None:
-        ensure_bucket(conn, config.commit_bucket, config.commit_bucket_replicas)
+        ensure_bucket(conn, config.commit_bucket, config.commit_bucket_replicas, _target_stream(conn, config))
     from pyspark.sql.pandas.types import to_arrow_schema  # needs no pandas (PySpark 4.0-4.3), but is heavy
 
     return JetStreamStreamWriter(config, columns, to_arrow_schema(schema), progress)
