@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import subprocess
+import time
 
 import pytest
+
+from spark_jetstream.sink.markers import ensure_bucket, markers, read_marker, write_marker
 
 pytestmark = pytest.mark.slow
 
@@ -23,3 +26,31 @@ def test_demo_against_an_existing_server_refuses_to_touch_an_existing_stream(nat
         api.delete_stream("taken")
     assert done.returncode == 2
     assert "Stream 'taken' already exists" in done.stderr
+
+
+def test_commits_lists_and_forgets_the_markers_of_retired_queries(nats_server, conn, api):
+    """A streaming writer's commit bucket holds a key per query id for ever: ``commits forget`` removes those of
+    queries that will not run again, by id or by age, and their subjects with them."""
+    bucket = "retired-commits"
+    ensure_bucket(conn, bucket, 1)
+    write_marker(conn, bucket, "q-old", 41)
+    write_marker(conn, bucket, "q-gone", 7)
+    time.sleep(2.5)
+    write_marker(conn, bucket, "q-live", 12)
+
+    def cli(*args: str) -> list[str]:
+        done = subprocess.run(
+            ["spark-jetstream", "commits", *args, "--bucket", bucket, "--servers", nats_server.url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return [line.split()[0] for line in done.stdout.splitlines()]
+
+    assert cli("list") == ["query", "q-old", "q-gone", "q-live"]
+    assert cli("forget", "--query-id", "q-gone") == ["forgot"]
+    assert cli("forget", "--older-than", "2s") == ["forgot"]
+    assert [marker.query_id for marker in markers(conn, bucket)] == ["q-live"]
+    assert read_marker(conn, bucket, "q-live") == 12
+    assert api.stream_info(f"KV_{bucket}")["state"]["num_subjects"] == 1

@@ -6,13 +6,17 @@ each task reads it first (``read_marker``) and skips a batch committed before (s
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from spark_jetstream.client import retry
 from spark_jetstream.client.connection import Connection, ConnectionOptions
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.kv import get_entry, key_value
+from spark_jetstream.client.messages import time_ns
 from spark_jetstream.errors import ClusterUnavailableError, ConnectError, JetStreamError
 
 _ensured: set[tuple[ConnectionOptions, str]] = set()
@@ -67,3 +71,34 @@ def write_marker(conn: Connection, bucket: str, key: str, batch_id: int) -> None
             f"Cannot record batch {batch_id} in KV bucket {bucket!r} (key {key}): "
             f"{ack['error'].get('description')} (error {ack['error'].get('err_code')})."
         )
+
+
+@dataclass(frozen=True)
+class Marker:
+    """One query's commit marker: its id (the key), its last committed batch and when that was recorded."""
+
+    query_id: str
+    batch_id: str
+    written: datetime
+
+
+def markers(conn: Connection, bucket: str) -> list[Marker]:
+    """Every query's marker in ``bucket``, oldest first (what ``spark-jetstream commits list`` shows)."""
+    api, stream, prefix = JetStreamApi(conn), f"KV_{bucket}", f"$KV.{bucket}."
+    found = []
+    for subject in api.subjects(stream, f"{prefix}>"):
+        message = api.call(("STREAM", "MSG", "GET", stream), {"last_by_subj": subject}, f"Reading {subject}", stream)
+        stored = message["message"]
+        if "KV-Operation" in base64.b64decode(stored.get("hdrs") or b"").decode(errors="replace"):
+            continue  # deleted or purged
+        written = datetime.fromtimestamp(time_ns(stored["time"]) / 1e9, UTC)
+        data = base64.b64decode(stored.get("data") or b"").decode(errors="replace")
+        found.append(Marker(subject.removeprefix(prefix), data, written))
+    return sorted(found, key=lambda marker: marker.written)
+
+
+def forget(conn: Connection, bucket: str, query_id: str) -> None:
+    """Remove the marker of a query that will not run again, and its key with it (a purge of its subject). A query
+    that does run again with that checkpoint rewrites batches it had committed: they are then stored twice."""
+    api, stream = JetStreamApi(conn), f"KV_{bucket}"
+    api.call(("STREAM", "PURGE", stream), {"filter": f"$KV.{bucket}.{query_id}"}, f"Purging stream {stream!r}", stream)

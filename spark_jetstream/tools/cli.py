@@ -10,6 +10,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 
 from spark_jetstream import __version__
 from spark_jetstream.client.connection import connect
@@ -32,6 +33,8 @@ from spark_jetstream.groups.layout import (
     PartitioningFilter,
 )
 from spark_jetstream.options import CONNECTION_OPTIONS, Option, parse_connection_options
+from spark_jetstream.options.parsers import parse_duration
+from spark_jetstream.sink.markers import forget, markers
 from spark_jetstream.tools.rights import read_rights
 
 
@@ -191,6 +194,27 @@ def group_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def commits_command(args: argparse.Namespace) -> int:
+    conn = _api(args).conn
+    found = markers(conn, args.bucket)
+    if args.action == "list":
+        print(f"{'query id':<40}{'batch':>10}  last written")
+        for marker in found:
+            print(f"{marker.query_id:<40}{marker.batch_id:>10}  {marker.written.isoformat(timespec='seconds')}")
+        return 0
+    if args.query_id:
+        gone = [marker for marker in found if marker.query_id in set(args.query_id)]
+    else:
+        since = datetime.now(UTC) - timedelta(seconds=parse_duration(args.older_than))
+        gone = [marker for marker in found if marker.written < since]
+    for marker in gone:
+        forget(conn, args.bucket, marker.query_id)
+        print(
+            f"forgot query {marker.query_id} (batch {marker.batch_id}, {marker.written.isoformat(timespec='seconds')})"
+        )
+    return 0
+
+
 def rights_command(args: argparse.Namespace) -> int:
     if args.group and not args.consumers and not args.batch:
         print("--group needs --consumers: the member consumers' names (`spark-jetstream status` lists them)")
@@ -276,6 +300,21 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--member", required=True)
             _members_arg(sub)
         sub.set_defaults(func=group_command)
+
+    commits = commands.add_parser("commits", help="list or remove streaming writers' commit markers (commitBucket)")
+    verbs = commits.add_subparsers(dest="action", required=True)
+    for action, text in (
+        ("list", "each query's last committed batch, oldest first"),
+        ("forget", "remove the markers of queries that will not run again (their keys go too)"),
+    ):
+        sub = verbs.add_parser(action, help=text)
+        _connection_args(sub)
+        sub.add_argument("--bucket", default="spark-jetstream-commits", help="the commitBucket option's value")
+        if action == "forget":
+            which = sub.add_mutually_exclusive_group(required=True)
+            which.add_argument("--query-id", nargs="+", help="the queries' ids (Spark's query id, as listed)")
+            which.add_argument("--older-than", help="every marker not written for this long, e.g. 30d")
+        sub.set_defaults(func=commits_command)
 
     rights = commands.add_parser("rights", help="print the NATS permissions a read needs, and nothing more")
     rights.add_argument("--stream", required=True, help="the stream")
