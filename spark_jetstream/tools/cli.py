@@ -393,7 +393,7 @@ def _flags_table(parser: argparse.ArgumentParser, skip: set[str]) -> list[str]:
             flag += f" {action.metavar}"
         if action.choices:
             flag += " {" + ",".join(action.choices) + "}"
-        default = "required" if action.required else "-" if action.default in (None, False) else str(action.default)
+        default = "required" if action.required else "-" if action.default in (None, False, ()) else str(action.default)
         meaning = _help_of(action.help or "").replace("|", "\\|")
         rows.append(f"| `{flag}` | {default} | {meaning} |")
     return rows
