@@ -28,6 +28,7 @@ USERS = {  # user -> the read it does, and its rights
     "group": read_rights(STREAM, group="g", consumers=MEMBERS, inbox_prefix=INBOX),
     "pulled": read_rights(STREAM, group="g", consumers=MEMBERS, direct=False, inbox_prefix=INBOX),
     "batch": read_rights(STREAM, group="g", streaming=False, inbox_prefix=INBOX),
+    "reader": read_rights(STREAM, group="made", consumers=["made-0", "made-1"], create=False, inbox_prefix=INBOX),
 }
 
 
@@ -92,6 +93,21 @@ def test_a_streaming_read_with_exactly_the_listed_rights(spark, server, tmp_path
             api.delete_consumer(STREAM, member)
     if user == "consumers":  # it may not delete its consumers: the server removes them after their last pull
         assert api.consumer_names(STREAM) != []
+
+
+def test_a_group_is_read_by_a_user_who_may_not_create_or_change_consumers_once_they_were_made(spark, server, tmp_path):
+    """An admin's run makes the member consumers (its owner metadata on them); a user without CONSUMER.CREATE then
+    reads the group through them as they are, and moves their floors."""
+    nats_server, api = server
+    assert streamed(spark, nats_server, "admin", tmp_path / "admin", group="made") == EVERY
+    for member in ("made-0", "made-1"):  # back to the start: the reader reads the group from its position
+        api.conn.run(api.reset(STREAM, member, 1))
+    made = {m: api.consumer_info(STREAM, m)["config"] for m in ("made-0", "made-1")}
+    assert streamed(spark, nats_server, "reader", tmp_path / "reader", group="made") == EVERY
+    for member, config in made.items():
+        info = api.consumer_info(STREAM, member)
+        assert info["ack_floor"]["stream_seq"] == MESSAGES
+        assert info["config"]["metadata"] == config["metadata"]  # nothing of theirs was rewritten
 
 
 def test_a_batch_read_of_a_group_with_exactly_the_listed_rights(spark, server):

@@ -78,7 +78,10 @@ class HeldGroup:
             self._warn_crowded_members()
         else:
             self.pins = PinKeeper(self.members)  # nothing of the query pulls from them: it keeps the pins itself
-        self._claim = GroupClaim(self.api.conn, self.source_config["name"], self.name, self.owner, self.members.owners)
+        members = self.members
+        self._claim = GroupClaim(
+            self.api.conn, self.source_config["name"], self.name, lambda: members.owner, members.owners
+        )
         self._claim.claim(lambda: self.members.ensure(retention))
 
     def close(self) -> None:

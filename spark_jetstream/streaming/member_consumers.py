@@ -23,6 +23,7 @@ from spark_jetstream.errors import (
     ConsumerNotFoundError,
     DataLossError,
     GroupConfigError,
+    NotPermittedError,
     OptionError,
     ServerTooOldError,
 )
@@ -113,7 +114,7 @@ class MemberConsumers:
         that left (only consumers this connector made, or any group consumer in the way on a
         WorkQueue stream, where two consumers may not share subjects even for a moment)."""
         layout = self.layout
-        metadata = {OWNER_METADATA_KEY: self.owner}
+        metadata = self.metadata
         wanted = {layout.consumer(m): layout.filter_subjects(m) for m in layout.member_names}
         existing = self._configs(self._group_consumers())
         self._check_existing_ack_policy({name: config for name, config in existing.items() if name in wanted})
@@ -136,7 +137,11 @@ class MemberConsumers:
             calls = (self.api.create_consumer_async(self.stream, config) for config in configs)
             return list(await asyncio.gather(*calls, return_exceptions=True))
 
-        for member, created in zip(layout.member_names, self.api.conn.run(create()), strict=True):
+        results = self.api.conn.run(create())
+        if (refused := next((r for r in results if isinstance(r, NotPermittedError)), None)) is not None:
+            self._adopt(refused)
+            return
+        for member, created in zip(layout.member_names, results, strict=True):
             if isinstance(created, ApiError):
                 raise self._create_error(layout.consumer(member), created)
             if isinstance(created, BaseException):
@@ -145,6 +150,43 @@ class MemberConsumers:
         if not workqueue:  # on other streams the new consumers hold the interest before the old go
             for name in stale:
                 self._delete(name)
+
+    def _adopt(self, refused: NotPermittedError) -> None:
+        """The NATS user may not create or update consumers (``refused``): read the member consumers as an admin made
+        them, when every one exists with the config the layout gives it (its metadata aside), and take the owner their
+        metadata names as this query's (its answers on the owner subject then match them)."""
+        layout, stream = self.layout, self.stream
+        infos = self.infos()
+        if missing := [layout.consumer(member) for member, info in infos.items() if info is None]:
+            raise GroupConfigError(
+                f"The NATS user may not create the member consumers of group {layout.group!r} ({refused}), and "
+                f"{', '.join(missing)} on stream {stream!r} does not exist: have them made once by a user who may "
+                "(a run of the query), or allow the user to create them (`spark-jetstream rights` lists the subjects)."
+            )
+        owners = {(info["config"].get("metadata") or {}).get(OWNER_METADATA_KEY, "") for info in infos.values() if info}
+        owner = owners.pop() if len(owners) == 1 else ""
+        metadata = {OWNER_METADATA_KEY: owner} if owner else {}
+        for member, info in infos.items():
+            wanted = layout.consumer_config(member, self.ack_wait, metadata, self.ack_policy, self.priority_timeout)
+            if info is not None and (changes := _changes(wanted, info)):
+                raise GroupConfigError(
+                    f"Member consumer {layout.consumer(member)!r} on stream {stream!r} is not as this query reads it "
+                    f"({'; '.join(changes)}), and the NATS user may not update it ({refused}): have a user who may "
+                    "update consumers run the query once with these options, or allow this one to."
+                )
+        self.owner = owner
+        log.warning(
+            "The NATS user may not create or update the member consumers of group %r: reading them as they are (made "
+            "by %s)",
+            layout.group,
+            owner or "another client",
+        )
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The metadata the member consumers carry: this query as their owner (none when it may not write them and
+        the consumers name no owner)."""
+        return {OWNER_METADATA_KEY: self.owner} if self.owner else {}
 
     def check_not_in_use(self) -> None:
         """Refuse, before anything of the group changes, member consumers another client is consuming: one the
@@ -188,7 +230,7 @@ class MemberConsumers:
         (``infos``: member -> consumer info): a pcgroups member joining the same group, for one, rewrites
         ``ack_wait``, ``priority_timeout`` and ``max_ack_pending`` with its own template. Names the
         fields, old -> new."""
-        metadata = {OWNER_METADATA_KEY: self.owner}
+        metadata = self.metadata
         for member, info in infos.items():
             consumer = self.layout.consumer(member)
             if info is None:

@@ -49,11 +49,13 @@ def describe_this_process() -> str:
 class GroupClaim:
     """This query's claim on a group: taken by ``claim``, given up by ``release`` (safe to call twice)."""
 
-    def __init__(self, conn: Connection, stream: str, group: str, owner: str, recorded: Callable[[], set[str]]) -> None:
+    def __init__(
+        self, conn: Connection, stream: str, group: str, owner: Callable[[], str], recorded: Callable[[], set[str]]
+    ) -> None:
         self.conn = conn
         self.stream = stream
         self.group = group
-        self.owner = owner
+        self.owner = owner  # what this query answers: the owner its member consumers name, once they are made
         self.recorded = recorded  # the owners the member consumers' metadata names now
         self.subject = owner_subject(conn.options.api_prefix, stream, group)
         self._responder: Subscription | None = None
@@ -88,12 +90,12 @@ class GroupClaim:
 
         async def answer_for_it() -> Subscription:
             async def answer(msg: Any) -> None:
-                await msg.respond(self.owner.encode())
+                await msg.respond(self.owner().encode())
 
             sub = await self.conn.client.subscribe(subject, cb=answer)
             # the server may refuse the SUB after answering a flush: hear the responder itself
-            heard, _ = await self._ask(_ECHO_TIMEOUT, until=lambda answer: answer == self.owner)
-            if self.owner not in heard:
+            heard, _ = await self._ask(_ECHO_TIMEOUT, until=lambda answer: answer == self.owner())
+            if self.owner() not in heard:
                 await sub.unsubscribe()
                 await self.conn.client.flush(timeout=_ECHO_TIMEOUT)  # give the server's -ERR time to arrive
                 self._check_permission(subject)

@@ -226,6 +226,7 @@ def rights_command(args: argparse.Namespace) -> int:
         direct=not args.pull,
         streaming=not args.batch,
         workqueue=args.workqueue,
+        create=not args.no_create,
         api_prefix=args.api_prefix,
         inbox_prefix=args.inbox_prefix,
         subjects=args.subjects,
@@ -325,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     rights.add_argument("--pull", action="store_true", help="readMode=pull (no Direct Get)")
     rights.add_argument("--batch", action="store_true", help="a batch read (spark.read), not a streaming one")
     rights.add_argument("--workqueue", action="store_true", help="the stream has WorkQueue retention")
+    rights.add_argument(
+        "--no-create", action="store_true", help="the member consumers are made by another user: read them as they are"
+    )
     rights.add_argument("--inbox-prefix", default="_INBOX", help="the inboxPrefix option (default _INBOX)")
     rights.add_argument("--api-prefix", default="$JS.API", help="$JS.<domain>.API, or an imported API's prefix")
     rights.add_argument("--subjects", nargs="+", default=(), help="the stream's subjects, for an idle query to wait on")

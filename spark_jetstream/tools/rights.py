@@ -58,6 +58,7 @@ def read_rights(
     direct: bool = True,
     streaming: bool = True,
     workqueue: bool = False,
+    create: bool = True,
     api_prefix: str = "$JS.API",
     inbox_prefix: str = "_INBOX",
     subjects: Sequence[str] = (),
@@ -69,6 +70,8 @@ def read_rights(
     Direct Get; otherwise each task reads through a consumer of its own (any name: ``CONSUMER.CREATE.<stream>.*``;
     deleting it is left to the server when ``CONSUMER.DELETE`` is not given). ``subjects``: the stream's subjects, for
     an idle streaming query to wait on (optional: without them it asks for stream info every ``idleInterval``).
+    ``create``: the group's reader may create and update its member consumers; without, it reads them as a user who
+    may made them (the query refuses them if they differ from what its options need).
     """
     api = f"{api_prefix}."
     publish = [f"{api}INFO", f"{api}STREAM.INFO.{stream}", f"{api}STREAM.MSG.GET.{stream}"]
@@ -82,7 +85,8 @@ def read_rights(
     if group is not None and streaming:
         publish.append(f"{api}CONSUMER.NAMES.{stream}")
         for consumer in consumers:
-            publish += [f"{api}CONSUMER.CREATE.{stream}.{consumer}", f"{api}CONSUMER.CREATE.{stream}.{consumer}.>"]
+            if create:
+                publish += [f"{api}CONSUMER.CREATE.{stream}.{consumer}", f"{api}CONSUMER.CREATE.{stream}.{consumer}.>"]
             publish += [f"{api}CONSUMER.{verb}.{stream}.{consumer}" for verb in ("INFO", "UNPIN", "RESET", "MSG.NEXT")]
         if workqueue:
             publish.append(f"{api}STREAM.PURGE.{stream}")
