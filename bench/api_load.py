@@ -1,8 +1,9 @@
 """What a streaming query asks of the JetStream API: requests a second while caught up, and requests per micro-batch
 while messages arrive at a steady rate, counted by kind, for each read mode with and without a group; and how soon one
 message published after the idle spell is in a batch. Every request is counted as the server receives it (a
-subscriber on ``$JS.API.>`` in the query's account: ``STREAM.MSG.GET``, ``CONSUMER.RESET`` and ``DIRECT.GET``
-included, which the server's own ``/jsz`` ``api.total`` leaves out). Each mode has a server of its own.
+subscriber on ``$JS.API.>`` in the query's account: ``STREAM.MSG.GET``, ``CONSUMER.RESET``, ``DIRECT.GET`` and the pulls
+(``CONSUMER.MSG.NEXT``) included, which the server's own ``/jsz`` ``api.total`` leaves out). Each mode has a server
+of its own.
 
     python bench/api_load.py [--idle-seconds 30] [--busy-seconds 30] [--rate 100]
 
@@ -38,12 +39,14 @@ MODES = {
     "with a group, Direct Get": {"group": "g"},
     "with a group, pull": {"group": "g", "readMode": "pull"},
 }
-KINDS = 4  # the kinds shown per mode, most frequent first
+KINDS = 6  # the kinds shown per mode, most frequent first
 
 
 def kind_of(subject: str) -> str:
     """``$JS.API.CONSUMER.INFO.IDLE.g-0`` -> ``CONSUMER.INFO``; ``$JS.API.DIRECT.GET.IDLE`` -> ``DIRECT.GET``."""
     tokens = subject.split(".")[2:]
+    if tokens[:2] in (["STREAM", "MSG"], ["CONSUMER", "MSG"]):
+        return ".".join(tokens[:3])
     return ".".join(tokens[:2]) if tokens[0] in ("STREAM", "CONSUMER", "DIRECT") else tokens[0]
 
 
@@ -87,7 +90,8 @@ def main() -> None:
     parser.add_argument("--busy-seconds", type=float, default=30.0)
     parser.add_argument("--rate", type=float, default=100.0, help="messages a second while busy")
     args = parser.parse_args()
-    spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
+    builder = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+    spark = builder.config("spark.ui.showConsoleProgress", "false").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     for mode, extra in MODES.items():

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 MINIMUM = (4, 0)
-SPARK_EXTRA = "pip install 'spark-jetstream[spark]'"
+SPARK_EXTRA = "pip install 'pyspark>=4.0,<5'"
 
 
 def pyspark_version() -> tuple[int, int]:

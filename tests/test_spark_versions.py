@@ -258,7 +258,7 @@ def test_the_connector_installs_and_imports_without_pyspark_and_says_what_it_nee
     assert (
         "error SparkVersionError spark-jetstream needs PySpark 4.0 or newer, and none is installed in this Python "
         "environment: run it where Spark provides PySpark (Databricks, spark-submit), or pip install "
-        "'spark-jetstream[spark]'." in done.stdout
+        "'pyspark>=4.0,<5'." in done.stdout
     )
 
 

@@ -31,7 +31,7 @@ JETSTREAM_NOT_ENABLED = 10039
 shared from another account through that account's imported API."""
 NO_JETSTREAM_HINT = (
     ". A stream shared from another account is reached through the JetStream API this account imports: set the "
-    "apiPrefix option to the import's prefix (e.g. JS.OWNER.API; README, Security)."
+    "apiPrefix option to the import's prefix (e.g. JS.OWNER.API; docs: Security guide)."
 )
 PRIORITY_GROUP_UNKNOWN = 10160
 NO_MESSAGE_FOUND = 10037

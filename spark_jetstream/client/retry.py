@@ -110,8 +110,8 @@ async def request(
                         f"No stream answered {subject} on {conn.server_url} within "
                         f"{conn.options.connect_timeout:g}s although JetStream answers (through the imported API "
                         f"{conn.options.api_import}, where a stream captures it): the account that owns the stream "
-                        f"must export {subject.rsplit('.', 1)[0]}.> as a service and this account import it (README, "
-                        "Security), or the stream's leader is being elected."
+                        f"must export {subject.rsplit('.', 1)[0]}.> as a service and this account import it (docs: "
+                        "Security guide), or the stream's leader is being elected."
                     ) from None
             except NatsTimeoutError:
                 watch.saw("timeout")
@@ -167,7 +167,8 @@ def not_permitted(action: str, subject: str, asset: str = "") -> str:
     about = f" (asking about {asset})" if asset else ""
     return (
         f"The NATS user may not {action} {subject}{about}: the server refused it (a permissions violation). Allow "
-        "it in the user's permissions; the README's Security section lists what each kind of read and write needs."
+        "it in the user's permissions: `spark-jetstream rights` prints what a read needs, and the Security guide lists "
+        "what each kind of read and write needs."
     )
 
 

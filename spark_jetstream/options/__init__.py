@@ -8,11 +8,11 @@ and inconsistent combinations. The config dataclasses (``SourceConfig``, ``Batch
 ``SinkConfig``, ``PullSettings``, ``ConnectionOptions``) take their defaults and values from these
 definitions (``default_of``, ``config_values``, ``connection_options``; ``ConnectionOptions`` keeps its
 defaults itself and the definitions show them), the command line builds its connection flags from them,
-and the README's option tables are generated from them, so code and docs cannot drift apart.
+and the option reference (docs/reference/options.md) is generated from them, so code and docs cannot drift apart.
 
 This module is what the rest of the package imports; what an option is lives in ``options/option.py``, the
 table in ``options/definitions.py`` (gathered from ``connection.py``, ``reads.py``, ``groups.py`` and
-``writes.py``), the rules in ``options/parse.py``, the README's tables in ``options/docs.py`` and the value parsers
+``writes.py``), the rules in ``options/parse.py``, the option reference in ``options/docs.py`` and the value parsers
 in ``options/parsers.py``.
 """
 

@@ -64,7 +64,7 @@ CONNECTION: tuple[Option, ...] = (
         parse_api_prefix,
         None,
         "JetStream API prefix of a stream shared from another account, as this account imports that account's "
-        "`$JS.API.>` (e.g. `JS.OWNER.API`); instead of `domain` (README, Security).",
+        "`$JS.API.>` (e.g. `JS.OWNER.API`); instead of `domain` (docs: Security guide).",
         attr="api_import",
     ),
     _connection(

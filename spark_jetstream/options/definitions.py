@@ -1,11 +1,11 @@
 """The table of every option, defined once: its name, type, default, documentation, the config attribute it
 fills and the modes (streaming read, batch read, write) it belongs to, gathered from one file per purpose:
-``options/connection.py``, ``options/reads.py``, ``options/groups.py`` and ``options/writes.py`` (the README's
+``options/connection.py``, ``options/reads.py``, ``options/groups.py`` and ``options/writes.py`` (the option reference's
 tables list them in that order).
 
 The table only: ``options/option.py`` is what an option is, ``options/__init__.py`` how the rest of the package
 reads them (``parse_options``, ``default_of``, ``config_values``), ``options/parse.py`` the rules a set of given
-options must follow and ``options/docs.py`` the README's tables built from them.
+options must follow and ``options/docs.py`` the option reference built from them.
 """
 
 from __future__ import annotations

@@ -87,8 +87,8 @@ GROUPS: tuple[Option, ...] = (
         parse_duration,
         DEFAULT_PRIORITY_TIMEOUT,
         "The member consumers' priority_timeout: how long a pin survives without a pull that carries its id. "
-        "The query renews its pins every second (Direct Get) or with every pull (`readMode=pull`, where an idle "
-        "query's pins lapse after it).",
+        "The query renews its pins every 5 s, or a quarter of this if shorter (Direct Get), or with every pull "
+        "(`readMode=pull`, where an idle query's pins lapse after it).",
         frozenset({STREAM}),
         "pull",
         minimum=5,
@@ -101,7 +101,7 @@ GROUPS: tuple[Option, ...] = (
         "The member consumers' ack policy. `none` (Limits-retention streams only) spares the server tracking "
         "every delivered message until the commit, for about 1.3x faster pulled reads (`readMode=pull`) from "
         "file-backed streams; the commit still sets every ack floor to the checkpoint, but while a batch is read "
-        "the floor runs ahead of it (see Guarantees).",
+        "the floor runs ahead of it (docs: Concepts, guarantees).",
         frozenset({STREAM}),
         "read",
         group_only=True,

@@ -176,7 +176,7 @@ READS: tuple[Option, ...] = (
         "needs `allow_direct` and nats-server 2.11+), `pull` (with `group`, each member's task pulls from its member "
         "consumer, which the task pins, one Spark partition per member; without, each task reads its range through "
         "an ephemeral consumer of its own) or `auto`: `direct` where the stream, the server and the NATS user allow "
-        "Direct Get, else `pull` (README, Reading a stream).",
+        "Direct Get, else `pull` (docs: Reading guide).",
         READ,
         "read",
         batch_doc="How tasks read: `direct` (Direct Get; the stream needs `allow_direct`), `pull` (each task "

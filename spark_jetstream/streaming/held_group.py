@@ -134,7 +134,7 @@ class HeldGroup:
         else:  # unchanged, or a new run, whose first acknowledge makes the consumers
             self.members.layout = layout
         self.acknowledge(start, retention, remade=changed)
-        if self.pins is None:  # the pin keeper checks the member consumers every second and before floors move
+        if self.pins is None:  # the pin keeper checks the member consumers every 5 s and before floors move
             self.members.check_unchanged()
 
     def settle(self) -> None:
