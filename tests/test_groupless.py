@@ -1,6 +1,7 @@
 """Streaming without a group, as a data team reads a stream it does not own: the checkpoint alone holds the
-position, nothing on the server is created or changed, and a read-only user with exactly the README's list of
-subjects is enough. Also the ``subjects`` filter, and every refusal of such a read where the user sees it."""
+position, nothing on the server is created or changed, and a read-only user with exactly the subjects
+``spark-jetstream rights`` lists is enough. Also the ``subjects`` filter, and every refusal of such a read where the
+user sees it."""
 
 from __future__ import annotations
 
@@ -22,21 +23,17 @@ from spark_jetstream.streaming.config import SourceConfig
 from spark_jetstream.streaming.coordinator import Coordinator
 from spark_jetstream.streaming.offsets import Watermark
 from spark_jetstream.testing import EmbeddedServer
+from spark_jetstream.tools.rights import read_rights
 
 pytestmark = pytest.mark.slow
 
-EVERY_READ = ["$JS.API.INFO", "$JS.API.STREAM.INFO.{s}", "$JS.API.STREAM.MSG.GET.{s}"]
 READ_ONLY = {
-    # The README's lists (Security, "A read-only user"): what a streaming or batch read without a group needs.
-    "direct": [*EVERY_READ, "$JS.API.DIRECT.GET.{s}"],
-    "pull": [
-        *EVERY_READ,
-        "$JS.API.CONSUMER.CREATE.{s}.*",
-        "$JS.API.CONSUMER.MSG.NEXT.{s}.*",
-        "$JS.API.CONSUMER.DELETE.{s}.*",
-    ],
+    # what ``spark-jetstream rights`` prints (and the Security guide shows) for a read without a group
+    "direct": list(read_rights("{s}").publish),
+    "pull": [*read_rights("{s}", direct=False).publish, "$JS.API.CONSUMER.DELETE.{s}.*"],
 }
-"""Subjects a read-only user may publish to, by read mode (``{s}``: the stream); it subscribes to ``_INBOX.>``."""
+"""Subjects a read-only user may publish to, by read mode (``{s}``: the stream); it subscribes to ``_INBOX.>``. The
+user that reads through consumers may delete them too (``nodelete`` may not)."""
 
 
 def _user(name: str, publish: list[str]) -> dict:
@@ -50,7 +47,7 @@ def _user(name: str, publish: list[str]) -> dict:
 @pytest.fixture(scope="module")
 def team_server() -> Iterator[EmbeddedServer]:
     """The platform team's server: ``admin`` owns ``EVENTS`` (4 partitions, Direct Get) and ``LOGS`` (a client's
-    defaults: no transform, no Direct Get); the data team's users may only read, by the README's lists, and ``blind``
+    defaults: no transform, no Direct Get); the data team's users may only read, by those lists, and ``blind``
     lacks ``STREAM.MSG.GET``."""
     users = [
         {"user": "admin", "password": "admin-pw"},
@@ -104,7 +101,7 @@ def _rows(df) -> list[tuple[int, str, bytes]]:
 
 @pytest.mark.parametrize(("user", "stream"), [("direct", "EVENTS"), ("pull", "LOGS")])
 def test_a_read_only_user_streams_a_stream_it_does_not_own(spark, team_server, tmp_path, user, stream):
-    """With exactly the README's list: every message once across a restart, in batches within the cap, and the
+    """With exactly the listed rights: every message once across a restart, in batches within the cap, and the
     server holds nothing of the query's afterwards (no consumer, no KV bucket, no stream)."""
     admin = _admin(team_server)
     before = admin.account_info()
@@ -130,13 +127,13 @@ def _widths(offsets: dict[int, int]) -> list[int]:
     return [high - low for low, high in pairwise(seqs)]
 
 
-def test_the_readme_lists_exactly_these_subjects():
-    security = (Path(__file__).parent.parent / "README.md").read_text().split("## Security", 1)[1].split("\n## ", 1)[0]
-    block = security.split("**A read-only user**", 1)[1].split("```", 2)[1]
-    listed = sorted(set(re.findall(r'"(\$JS\.API\.[^"]+)"', block)))
-    assert listed == sorted(p.format(s="ORDERS") for p in READ_ONLY["direct"])
-    for subject in READ_ONLY["pull"]:
-        assert f"`{subject.format(s='ORDERS')}`" in security
+def test_the_security_guide_shows_what_rights_prints():
+    guide = (Path(__file__).parent.parent / "docs" / "guides" / "security.md").read_text()
+    section = guide.split("## Least privilege", 1)[1]
+    command = re.search(r"spark-jetstream rights (--stream .*?)  +#", section).group(1)
+    assert command == "--stream ORDERS --inbox-prefix _INBOX.spark --subjects 'orders.>'"
+    shown = section.split("```text\n", 1)[1].split("```", 1)[0]
+    assert shown.strip() == read_rights("ORDERS", inbox_prefix="_INBOX.spark", subjects=["orders.>"]).conf()
 
 
 def test_a_group_added_to_a_checkpoint_goes_on_from_it(spark, team_server, tmp_path):
@@ -185,8 +182,8 @@ def test_a_missing_permission_is_named_within_seconds(spark, team_server, tmp_pa
         _read(spark, team_server, "blind", "EVENTS"),
         tmp_path,
         "The NATS user may not publish to $JS.API.STREAM.MSG.GET.EVENTS (asking about stream 'EVENTS'): the server "
-        "refused it (a permissions violation). Allow it in the user's permissions; the README's Security section "
-        "lists what each kind of read and write needs.",
+        "refused it (a permissions violation). Allow it in the user's permissions: `spark-jetstream rights` prints "
+        "what a read needs, and the Security guide lists what each kind of read and write needs.",
     )
 
 

@@ -2,7 +2,7 @@
 
 Batches are read with Direct Get, so nothing of the query pulls from a member consumer; what the
 consumer still gives is its ack floor (``stream.member_consumers``) and its pin. ``PinKeeper`` takes each
-member's pin once and keeps it without a delivery: every ``KEEP_ALIVE`` seconds a pull with the pin
+member's pin once and keeps it without a delivery: every ``KEEP_ALIVE`` seconds (``_pause``) a pull with the pin
 id and ``max_bytes: 1`` (measured on nats-server 2.15.1: answered at once with ``409 Message Size
 Exceeds MaxBytes`` while messages are pending, delivers nothing, and restarts ``priority_timeout``).
 A standby without the pin id, say a pcgroups member joining the group, then gets nothing at all.
@@ -41,8 +41,11 @@ from spark_jetstream.streaming.member_consumers import MemberConsumers
 
 log = logging.getLogger(__name__)
 
-KEEP_ALIVE = 1.0
-"""Seconds between keep-alive pulls (no API request: a pull is a consumer's, answered by its leader)."""
+KEEP_ALIVE = 5.0
+"""Most seconds between keep-alive pulls while every pin is held (a quarter of ``priority_timeout`` when that is
+shorter): each is a request its consumer's leader answers."""
+RETAKE = 1.0
+"""Seconds between rounds while a pin is missing or a taking's delivery waits to be reset away."""
 SWEEP_EVERY = 5.0
 """Seconds between checks of every member consumer (``CONSUMER.INFO`` each, an API request): a foreign puller is found
 within about this, and a busy query checks each consumer before its floor moves anyway."""
@@ -127,7 +130,14 @@ class PinKeeper:
                 return
             except Exception:  # a bug must not end the keeping silently: say so, and go on
                 log.exception("Keeping the member consumers' pins failed; trying again")
-            await asyncio.sleep(KEEP_ALIVE)
+            await asyncio.sleep(self._pause())
+
+    def _pause(self) -> float:
+        """Seconds to the next round: ``RETAKE`` while a pin is missing or a taking's delivery waits to be reset away,
+        else what keeps the pins with a margin."""
+        layout = self.members.layout
+        held = not self.undoing and all(layout.consumer(member) in self.pins for member in layout.member_names)
+        return min(KEEP_ALIVE, self.members.priority_timeout / 4) if held else RETAKE
 
     async def _round(self, unpin: bool) -> None:
         """Keep every pin, take the missing ones, and check every member consumer once."""
@@ -275,5 +285,5 @@ class PinKeeper:
                 f"({what}). Spark reads this group's messages itself and keeps its member consumers to itself: stop "
                 f"the other client, give it a group of its own, or keep other users off Spark's member consumers with "
                 f"NATS permissions (deny `$JS.API.CONSUMER.MSG.NEXT.{stream}.{self.members.layout.group}-*` "
-                "to them; see the README's Security section). Restart the query: it resumes from its checkpoint."
+                "to them; see the Security guide). Restart the query: it resumes from its checkpoint."
             )
