@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -187,6 +188,8 @@ class Cpu:
     other_share: float
     seconds: dict[str, float] = field(default_factory=dict)
     """CPU seconds by kind of process (``KINDS``): where a measurement's CPU went."""
+    sent: int | None = None
+    """Messages the server sent meanwhile (its ``/varz`` ``out_msgs``), where the watch was given its monitor."""
 
 
 KINDS = ("nats-server", "JVM", "Python workers", "planner", "this process")
@@ -243,7 +246,9 @@ class CpuWatch:
 
     POLL = 0.5
 
-    def __init__(self) -> None:
+    def __init__(self, monitor: str | None = None) -> None:
+        self.monitor = monitor
+        self.sent = _out_msgs(monitor)
         self.began = time.perf_counter()
         self.busy = busy_ticks()
         self.first = own_ticks()
@@ -273,7 +278,16 @@ class CpuWatch:
             seconds[self.kinds[key]] += (ticks - self.first.get(key, 0)) / TICKS
         own = sum(seconds.values())
         other = max(0.0, (busy_ticks() - self.busy) / TICKS - own)
-        return Cpu(own / wall, other / wall / (os.cpu_count() or 1), seconds)
+        sent = None if self.sent is None else _out_msgs(self.monitor) - self.sent  # type: ignore[operator]
+        return Cpu(own / wall, other / wall / (os.cpu_count() or 1), seconds, sent)
+
+
+def _out_msgs(monitor: str | None) -> int | None:
+    """How many messages the server at ``monitor`` (its monitoring URL) has sent to clients so far."""
+    if not monitor:
+        return None
+    with urllib.request.urlopen(f"{monitor}/varz", timeout=10) as answer:
+        return int(json.load(answer)["out_msgs"])
 
 
 # -- the measured Spark read ---------------------------------------------------------------------

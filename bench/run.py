@@ -175,6 +175,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--processes", type=int, default=None, help="processes of the raw loops (default: the master's task slots)"
     )
     parser.add_argument("--min-partitions", type=int, default=8, help="shapes: the minPartitions variant's (8)")
+    parser.add_argument(
+        "--shape-batches", type=int, default=8, help="shapes: streaming reads in this many batches (8; 1: one batch)"
+    )
     parser.add_argument("--shapes", default="", help="shapes: only the stream shapes whose names contain this")
     parser.add_argument(
         "--curve-shape",

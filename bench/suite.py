@@ -188,7 +188,7 @@ class Measurement:
     def __init__(self, suite: Suite, label: str, spark: SparkSession | None) -> None:
         self.suite, self.label = suite, label
         self.memory = MemoryWatch(label, spark)
-        self.cpu_watch = CpuWatch()
+        self.cpu_watch = CpuWatch(suite.monitor or None)
         self.cpu: Cpu | None = None
 
     def stop(self) -> Cpu:

@@ -8,7 +8,8 @@ loops on the same data and against what Spark itself moves from a Python source.
   under ``ev.>``, as a client's ``StreamConfig(name, subjects)`` makes them;
 * ``KV bucket, a key per message``: a bucket of history 1 as nats-py makes it, every message a key of its own.
 
-Each stream is read with ``trigger(availableNow=True)`` into ``noop`` and as a bounded batch read (``count``),
+Each stream is read with ``trigger(availableNow=True)`` into ``noop``, in ``--shape-batches`` micro-batches (8 by
+default, through ``maxMessagesPerTrigger``: as a live query reads), and as a bounded batch read (``count``),
 by default, with ``readMode=pull`` and with ``minPartitions`` (``--min-partitions``, 8 by default; without Direct Get:
 slices through consumers of the tasks' own), with ``subjects=ev.*`` (every message, through the subject filter), and
 streaming with ``preservePartitionOrder=false``, through a group and without; the bucket by default and with
@@ -204,17 +205,18 @@ def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]
     if shape.direct:
         filters = shape.filters()
         raw["direct"] = (
-            *_raw(count, lambda: _raw_direct(suite, shape, filters)),
+            *_raw(suite, count, lambda: _raw_direct(suite, shape, filters)),
             f"raw Direct Get ({len(filters)} filters)",
         )
         if filters != [">"]:  # a batch read reads '>' in one task here
-            raw["whole"] = (*_raw(count, lambda: _raw_direct(suite, shape, [">"])), "raw Direct Get ('>')")
-        slices = _raw(count, lambda: _raw_direct(suite, shape, [">"] * 2, last=count))
+            raw["whole"] = (*_raw(suite, count, lambda: _raw_direct(suite, shape, [">"])), "raw Direct Get ('>')")
+        slices = _raw(suite, count, lambda: _raw_direct(suite, shape, [">"] * 2, last=count))
         raw["slices"] = (*slices, RAW_WHOLE)
     if not shape.bucket:  # a bucket is read without a group: no member consumers
         members = f"shape{index}-readmode-pull-0-"  # the member consumers of the first readMode=pull streaming read
         consumers = sorted(c for c in api.consumer_names(STREAM) if c.startswith(members))
         pulled = _raw(
+            suite,
             count,
             lambda: _checked(
                 run_baseline_parallel(suite.conn, suite.address, consumers, count, STREAM), count, "raw pull"
@@ -222,7 +224,7 @@ def _one_shape(suite: Suite, index: int, shape: Shape, ceiling: dict[str, float]
         )
         raw["pull"] = (*pulled, f"raw pull ({len(consumers)} consumers)")
     if not shape.direct:  # minPartitions reads slices through consumers of their own: so does its raw loop
-        slices = _raw(count, lambda: _raw_slices(suite, processes(), count))
+        slices = _raw(suite, count, lambda: _raw_slices(suite, processes(), count))
         raw["slices"] = (*slices, f"raw pull ({processes()} slice consumers)")
     out = [Row(shape.name, what, rate, count / rate, cpu) for rate, cpu, what in raw.values()]
     for what, (seconds, cpu, phases) in timed.items():
@@ -257,11 +259,11 @@ def _drop_streams(suite: Suite) -> None:
         suite.api.delete_stream(name)
 
 
-def _raw(count: int, loop: Callable[[], float]) -> tuple[float, Cpu]:
+def _raw(suite: Suite, count: int, loop: Callable[[], float]) -> tuple[float, Cpu]:
     """The best of ``ROUNDS`` runs of a raw loop (its seconds): rows/s and the CPU of that run (nats-server's too)."""
     runs = []
     for _ in range(ROUNDS):
-        watch = CpuWatch()
+        watch = CpuWatch(suite.monitor or None)
         seconds = loop()
         runs.append((seconds, watch.stop()))
     seconds, cpu = min(runs, key=lambda run: run[0])
@@ -297,6 +299,8 @@ def _streaming(
     reader = spark.readStream.format(source).options(**options)
     if source == "jetstream" and grouped:
         reader = reader.option("group", group)
+    if source == "jetstream" and suite.args.shape_batches > 1:  # as a live query reads: batch after batch
+        reader = reader.option("maxMessagesPerTrigger", str(-(-count // suite.args.shape_batches)))
     query = (
         reader.load()
         .writeStream.format("noop")
@@ -428,6 +432,7 @@ def _result(row: Row) -> dict[str, object]:
         "messages": round(row.rate * row.seconds),
         "ratio": row.ratio,
         "cpu_seconds": dict(row.cpu.seconds) if row.cpu else None,
+        "server_sent": row.cpu.sent if row.cpu else None,
         "other_cpu_share": row.cpu.other_share if row.cpu else None,
     }
 
@@ -437,11 +442,15 @@ def _server_share(suite: Suite, rows: list[Row]) -> None:
     shape (its cheapest read), and for streaming reads the goals: the default within ``SERVER_DEFAULT_TARGET`` of
     its raw filtered loop, ``UNORDERED`` within ``SERVER_UNORDERED_TARGET`` of the raw '>' loop."""
     by = {(row.shape, row.what): row for row in rows if row.cpu is not None}
-    print("  nats-server CPU per message read (us), and against the raw '>' loop of the same shape (2 slices):")
+    print(
+        "  nats-server CPU per message read (us), against the raw '>' loop of the same shape (2 slices), and the\n"
+        "  messages the server sent per message read:"
+    )
     for (shape, what), row in by.items():
         whole = by.get((shape, RAW_WHOLE))
         against = f"{_server_us(row) / _server_us(whole):.2f}x" if whole else "-"
-        print(f"  {shape:<31} {what:<40} {_server_us(row):>7.2f} {against:>7}")
+        sent = f"{row.cpu.sent / (row.rate * row.seconds):.3f}" if row.cpu and row.cpu.sent is not None else "-"
+        print(f"  {shape:<31} {what:<40} {_server_us(row):>7.2f} {against:>7} {sent:>9}")
     for shape in dict.fromkeys(row.shape for row in rows if row.shape in PARTITIONED):
         filtered = next((row for (s, what), row in by.items() if s == shape and what.endswith(" filters)")), None)
         goals = (
