@@ -124,7 +124,12 @@ async def next_on_leader(api: JetStreamApi, stream: str, subject: str, after: in
 
 async def subjects_matching(api: JetStreamApi, stream: str, subject: str) -> int:
     """How many of the stream's subjects match ``subject``, from the stream leader: ``STREAM.INFO`` with it as the
-    subjects filter and an offset past every subject, so that the count alone comes back."""
+    subjects filter and an offset past every subject, so that the count alone comes back. Asked where a filter's last
+    message was not found, which for any filter but ``>`` means it matches nothing: the server's walk of its subject
+    index then finds nothing to list. For ``>`` (whose last message the server takes to be the stream's last, which
+    may be deleted) the stream's own count of subjects answers, without a list of every subject built and sorted."""
+    if subject == ">":
+        return int((await api.stream_info_async(stream))["state"].get("num_subjects") or 0)
     body = {"subjects_filter": subject, "offset": 1 << 30}
     info = await api.call_async(("STREAM", "INFO", stream), body, f"Stream {stream!r}", stream)
     return int(info.get("total") or 0)

@@ -18,13 +18,20 @@ from typing import Any
 
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import GroupConfigError
-from spark_jetstream.groups.layout import GroupLayout, Member
-from spark_jetstream.groups.resolve import find_group_again_async, find_group_async, layout_of, resolve_layout
+from spark_jetstream.groups.layout import ELASTIC_BUCKET, STATIC_BUCKET, GroupLayout, Member
+from spark_jetstream.groups.resolve import (
+    find_group_again_async,
+    find_group_async,
+    group_key,
+    layout_of,
+    resolve_layout,
+)
 from spark_jetstream.read.ranges import MemberRange
 from spark_jetstream.streaming.config import SourceConfig
 from spark_jetstream.streaming.member_consumers import MemberConsumers, check_ack_policy
 from spark_jetstream.streaming.ownership import GroupClaim, describe_this_process
 from spark_jetstream.streaming.pins import PinKeeper
+from spark_jetstream.streaming.waker import Waker
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +42,7 @@ LAYOUT_WAIT = 1.0
 LAYOUT_RETRY = 5.0
 """Seconds after an unanswered look at the group's config during which batches keep the layout without looking."""
 CONFIG_LOOK = 30.0
-"""Seconds between looks for a config of a group derived from the stream's transform (one appears only when an
-operator makes one): the look lists the config buckets, which only the meta leader answers."""
+"""Seconds between looks at the group's config when no write to it was seen (``HeldGroup._layout_now``)."""
 
 
 class HeldGroup:
@@ -56,7 +62,11 @@ class HeldGroup:
             api, layout, config.ack_wait, config.ack_policy, self.owner, config.priority_timeout
         )
         self._layout_unanswered = float("-inf")  # when the group's config last went unanswered
-        self._derived_looked = time.monotonic()  # when a derived group last looked for a config of its own
+        key = group_key(source_config["name"], config.group)
+        subjects = [f"$KV.{bucket}.{key}" for bucket in (STATIC_BUCKET, ELASTIC_BUCKET)]
+        self._config_writes = Waker(api.conn, subjects, f"the group's config is looked at every {CONFIG_LOOK:g}s")
+        self._config_writes.arm()
+        self._looked = time.monotonic()  # when the group's config was last looked at
 
     @property
     def layout(self) -> GroupLayout:
@@ -86,6 +96,7 @@ class HeldGroup:
 
     def close(self) -> None:
         """Give up the pins and the claim (safe on a half-held group, and twice)."""
+        self._config_writes.disarm()
         if self.pins is not None:
             self.pins.stop()
         if self._claim is not None:
@@ -158,21 +169,26 @@ class HeldGroup:
         ]
 
     def _layout_now(self) -> GroupLayout:
-        """The layout for the next batch: a group with a config reads it again (its bucket's leader), a derived one
-        looks for a config every ``CONFIG_LOOK``. When the group's config cannot be read within ``LAYOUT_WAIT``
+        """The layout for the next batch. The group's config is looked at after a write to its key was seen (a core
+        subscription to both config buckets' subjects for it: a change takes effect at the next batch boundary), and
+        every ``CONFIG_LOOK`` whatever was seen (a write in another JetStream domain, a user who may not subscribe
+        there): nothing per batch, and the look that lists the config buckets (``STREAM.NAMES``, which only the meta
+        leader answers) only for a group without a config. When the group's config cannot be read within ``LAYOUT_WAIT``
         (without a config bucket, telling a missing bucket from an election needs the meta leader, and one killed
         takes 4-9 s to replace), the last batch's layout: the change then takes effect at a later boundary, and the
         query does not stall meanwhile; for ``LAYOUT_RETRY`` after such a look the layout is kept without looking."""
         config = self.config
         if time.monotonic() - self._layout_unanswered < LAYOUT_RETRY:
             return self.layout  # still an election: one batch a second would each wait LAYOUT_WAIT
+        writes, now = self._config_writes, time.monotonic()
+        writes.check()
+        if not writes.woken and now - self._looked < CONFIG_LOOK:
+            return self.layout
+        writes.woken, self._looked = False, now
         stream, kind = self.source_config["name"], self.layout.kind
         if kind in ("static", "elastic"):
             find = find_group_again_async(self.api, stream, self.name, kind)
-        elif time.monotonic() - self._derived_looked < CONFIG_LOOK:
-            return self.layout
         else:
-            self._derived_looked = time.monotonic()
             find = find_group_async(self.api, stream, self.name)
         lookup = asyncio.wait_for(find, LAYOUT_WAIT)
         try:

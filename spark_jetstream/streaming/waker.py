@@ -30,9 +30,12 @@ IDLE_AFTER = 2.0
 class Waker:
     """A core subscription on ``subjects`` while the query is idle (``arm``); ``woken`` once a message came."""
 
-    def __init__(self, conn: Connection, subjects: list[str]) -> None:
+    def __init__(
+        self, conn: Connection, subjects: list[str], instead: str = "an idle query asks for stream info"
+    ) -> None:
         self.conn = conn
         self.subjects = subjects
+        self.instead = instead  # what is done without the subscription, for the log
         self.woken = False
         self.refused = False  # the server refused the subscription: polling is all there is
         self._subs: list[Subscription] = []
@@ -60,7 +63,7 @@ class Waker:
     def check(self) -> None:
         """Give up on a subscription the server refused (its violation arrives after the SUB, when it does)."""
         if self._subs and any(self.conn.client.refused(s, self._armed_at) for s in self.subjects):
-            log.info("The NATS user may not subscribe to %s: an idle query asks for stream info instead", self.subjects)
+            log.info("The NATS user may not subscribe to %s: %s instead", self.subjects, self.instead)
             self.refused = True
             self.disarm()
 

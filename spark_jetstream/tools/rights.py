@@ -93,6 +93,8 @@ def read_rights(
         owner = owner_subject(api_prefix, stream, group)
         publish.append(owner)
         subscribe.append(owner)
+        # optional: a write to the group's config is seen at once (else looked for every 30 s)
+        subscribe += [f"$KV.{bucket}.{stream}.{group}" for bucket in (STATIC_BUCKET, ELASTIC_BUCKET)]
     elif not direct:
         publish += [f"{api}CONSUMER.CREATE.{stream}.*", f"{api}CONSUMER.CREATE.{stream}.*.>"]
         publish.append(f"{api}CONSUMER.MSG.NEXT.{stream}.*")
