@@ -436,20 +436,21 @@ def test_a_writer_refused_for_batches_in_flight_sends_its_first_message_until_on
 
 def test_markers_on_a_stream_that_allows_rollups_keep_only_each_partitions_last(conn, api):
     """Each marker rolls up its subject (``Nats-Rollup: sub``, in the atomic batch): one message per partition and
-    sink stays, whatever the batches (without rollups, a message per write task per batch accumulates)."""
-    api.create_stream({"name": "AT", "subjects": ["at.>", "atp.>"], "allow_atomic": True, "allow_rollup_hdrs": True})
+    sink stays, whatever the batches (without rollups, a message per write task per batch accumulates). A stream and a
+    marker prefix of its own: in one full run a marker subject of ``AT`` held what an earlier test published there."""
+    api.create_stream({"name": "ATR", "subjects": ["at.>", "atrp.>"], "allow_atomic": True, "allow_rollup_hdrs": True})
     try:
-        target = progress_target(conn, "atp", 100)
-        assert target == ProgressTarget("AT", "atp", 100, rollup=True)
+        target = progress_target(conn, "atrp", 100)
+        assert target == ProgressTarget("ATR", "atrp", 100, rollup=True)
         config = SinkConfig(connection=conn.options)
         commands = Commands(config, Columns(data=1, subject=0), None, conn.client.max_payload)
         for batch_id in (0, 1):
             write = AtomicWriter(conn, commands, target, "a1", batch_id, 0, timeout=10.0, max_bytes=1 << 20)
             assert write.write(rows(0, 250)).published == 250
-        messages = stored(api, "AT")
-        assert [subject for _, subject, _, _ in messages if subject.startswith("atp.")] == ["atp.sjp-a1.0"]
+        messages = stored(api, "ATR")
+        assert [subject for _, subject, _, _ in messages if subject.startswith("atrp.")] == ["atrp.sjp-a1.0"]
         assert len([subject for _, subject, _, _ in messages if subject.startswith("at.")]) == 500
-        marker = conn.run(read_marker(JetStreamApi(conn), "AT", "atp.sjp-a1.0"))
+        marker = conn.run(read_marker(JetStreamApi(conn), "ATR", "atrp.sjp-a1.0"))
         assert (marker.batch, marker.chunk, marker.rows) == (1, 2, 250)
     finally:
-        api.delete_stream("AT")
+        api.delete_stream("ATR")

@@ -187,6 +187,6 @@ def test_a_commit_bucket_not_imported_is_named_with_the_export_it_needs():
         disconnect(team)
     assert str(caught.value).endswith(
         "although JetStream answers (through the imported API JS.OWNER.API, where a stream captures it): the account "
-        "that owns the stream must export $KV.commits.> as a service and this account import it (README, Security), "
-        "or the stream's leader is being elected."
+        "that owns the stream must export $KV.commits.> as a service and this account import it (docs: Security "
+        "guide), or the stream's leader is being elected."
     ), str(caught.value)

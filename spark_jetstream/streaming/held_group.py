@@ -67,6 +67,7 @@ class HeldGroup:
         self._config_writes = Waker(api.conn, subjects, f"the group's config is looked at every {CONFIG_LOOK:g}s")
         self._config_writes.arm()
         self._looked = time.monotonic()  # when the group's config was last looked at
+        self._configured = layout  # the layout that look gave (a replay reads with its own batch's meanwhile)
 
     @property
     def layout(self) -> GroupLayout:
@@ -183,7 +184,7 @@ class HeldGroup:
         writes, now = self._config_writes, time.monotonic()
         writes.check()
         if not writes.woken and now - self._looked < CONFIG_LOOK:
-            return self.layout
+            return self._configured
         writes.woken, self._looked = False, now
         stream, kind = self.source_config["name"], self.layout.kind
         if kind in ("static", "elastic"):
@@ -197,7 +198,8 @@ class HeldGroup:
             log.info("Group %r's config could not be read in %gs: keeping its layout", self.name, LAYOUT_WAIT)
             self._layout_unanswered = time.monotonic()
             return self.layout
-        return layout_of(self.api, self.source_config, self.name, config.members, found, create_work_stream=True)
+        self._configured = layout_of(self.api, self.source_config, self.name, config.members, found, True)
+        return self._configured
 
     def _warn_crowded_members(self) -> None:
         """Pulling from a member consumer with several filter subjects is ~6x slower than from one
