@@ -9,7 +9,8 @@ Charts, each from the newest run in the data folder that holds its scenario's re
 
 * ``shapes-rows.png``: rows/s of the connector's reads against the raw protocol loops on the same data and Spark's
   no-I/O Python source (what Spark itself moves from any Python source), from ``shapes``;
-* ``shapes-server-cpu.png``: nats-server CPU per message for each read and raw loop, from ``shapes``.
+* ``shapes-server-cpu.png``: nats-server CPU per message for each read and raw loop, from ``shapes``;
+* ``chaos-timeline.png``: each query's committed end seq over time with every fault's span shaded, from ``chaos``.
 
 Each chart's title names the run's date, machine and 1-minute load average, as the JSON recorded them.
 """
@@ -162,9 +163,46 @@ def shapes_server_cpu(run: Run, out: Path) -> None:
     )
 
 
+def chaos_timeline(run: Run, out: Path) -> None:
+    """Each query's committed end seq over time, with every fault's span shaded by its kind."""
+    chaos = run["results"]["chaos"]
+    kinds = sorted({fault["kind"] for fault in chaos["faults"]})
+    palette = plt.get_cmap("tab10")
+    colour = {k: palette(i % 10) for i, k in enumerate(kinds)}
+    fig, ax = plt.subplots(figsize=(10, 5), dpi=100)
+    lanes = max(1, len(kinds))
+    for fault in chaos["faults"]:  # a band per kind, so that overlapping faults stay apart
+        lane, hue = kinds.index(fault["kind"]), colour[fault["kind"]]
+        end = max(fault["end"], fault["start"] + 1.5)  # a step-down lasts a moment: wide enough to see
+        ax.axvspan(fault["start"], end, lane / lanes, (lane + 1) / lanes, color=hue, alpha=0.3, linewidth=0)
+    styles = ("-", "--", ":")
+    for (name, batches), style in zip(sorted(chaos["committed"].items()), styles, strict=False):
+        if batches:
+            ax.step([t for t, _ in batches], [seq for _, seq in batches], where="post", color="black", linestyle=style,
+                    label=f"query {name}: committed end seq")  # fmt: skip
+    start, end = chaos["chaos"]
+    ax.axvline(end, color="grey", linewidth=0.8)
+    ax.set_xlim(0, max([end, *(t for b in chaos["committed"].values() for t, _ in b)]) * 1.02)
+    ax.set_xlabel(f"seconds from the run's start (faults from {start:.0f} s to {end:.0f} s)")
+    ax.set_ylabel("stream seq committed")
+    ax.yaxis.set_major_formatter(lambda value, _: f"{value:,.0f}")
+    verdict = "every message exactly once" if chaos["passed"] else "checks failed"
+    ax.set_title(f"Two streaming queries through {len(chaos['faults'])} faults ({verdict})\n{caption(run)}",
+                 fontsize=8.5, loc="left")  # fmt: skip
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colour[k], alpha=0.4) for k in kinds]
+    lines, names = ax.get_legend_handles_labels()
+    fig.legend([*lines, *handles], [*names, *kinds], fontsize=7.5, loc="lower center", ncol=4, frameon=False)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout(rect=(0, (0.35 + 0.2 * ((len(kinds) + len(lines)) // 4)) / fig.get_figheight(), 1, 1))
+    fig.savefig(out, metadata={"Software": None})
+    plt.close(fig)
+    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+
+
 CHARTS: dict[str, tuple[str, Callable[[Run, Path], None]]] = {
     "shapes-rows.png": ("shapes", shapes_rows),
     "shapes-server-cpu.png": ("shapes", shapes_server_cpu),
+    "chaos-timeline.png": ("chaos", chaos_timeline),
 }
 
 

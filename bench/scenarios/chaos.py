@@ -901,6 +901,22 @@ def report(outcome: Outcome, began: float) -> tuple[bool, float, float]:
     return passed, max(worst, default=float("nan")), statistics.median(warm) if warm else float("nan")
 
 
+def timeline(outcome: Outcome, began: float, passed: bool) -> dict[str, Any]:
+    """The run over time, seconds from its start (``--json``, for ``bench/charts.py``): each fault's kind, target,
+    start and end, and each query's committed batches (commit time, end seq)."""
+    return {
+        "passed": passed,
+        "chaos": [outcome.chaos[0] - began, outcome.chaos[1] - began],
+        "faults": [
+            {"kind": f.kind, "target": f.target, "start": f.start - began, "end": (f.end or outcome.chaos[1]) - began}
+            for f in outcome.faults
+        ],
+        "committed": {
+            name: [[at - began, seq] for at, seq in batches] for name, batches in outcome.checkpoints.items()
+        },
+    }
+
+
 def run(suite: Suite) -> None:
     args = suite.args
     heading(
@@ -916,6 +932,7 @@ def run(suite: Suite) -> None:
     try:
         outcome = chaos.run()
         passed, worst, baseline = report(outcome, chaos.began)
+        suite.results["chaos"] = timeline(outcome, chaos.began, passed)
         if not passed:
             kept = chaos.keep_logs()
     except BaseException:
