@@ -71,3 +71,19 @@ def test_a_filled_pull_makes_room_for_the_next_before_its_status():
     window.ended()
     assert list(window.requests) == [100, 100, 100]
     assert window.next_requests("pin", NOTHING_BUFFERED, max_payload=1 << 20) == []
+
+
+def test_pulls_ask_no_more_than_the_range_still_holds():
+    """The budget counts the member's messages up to the stream's end: near a range's end the pulls ask for what the
+    range holds (``in_range``), or they would bring the next batch's messages, dropped and sent again."""
+    window = PullWindow(PullSettings(batch=1000, in_flight=4), "g")
+    window.restart(50_000)
+    asked = [json.loads(r)["batch"] for r in window.next_requests("pin", (0, 0), 1 << 20, in_range=2500)]
+    assert asked == [1000, 1000, 500]
+    window.delivered(2000)
+    assert window.taken == 2000
+    assert [json.loads(r)["batch"] for r in window.next_requests("pin", (0, 0), 1 << 20, in_range=600)] == [100]
+    window.restart(48_000)  # a progress check's new budget: the count since the RESET goes on
+    assert window.taken == 2000
+    unknown = [json.loads(r)["batch"] for r in window.next_requests("pin", (0, 0), 1 << 20)]
+    assert unknown == [1000, 1000, 1000, 1000]

@@ -30,6 +30,7 @@ class PullWindow:
         self.group = group
         self.requests: deque[int] = deque()  # messages still owed by each outstanding pull, oldest first
         self.budget = 0
+        self.taken = 0  # messages delivered since the consumer's last RESET (the reader zeroes it there)
         self.oversize = False  # the next pull must fit a message larger than max_bytes
 
     def restart(self, budget: int | None = None) -> None:
@@ -38,9 +39,14 @@ class PullWindow:
         if budget is not None:
             self.budget = budget
 
-    def next_requests(self, pin_id: str | None, buffered: tuple[int, int], max_payload: int) -> list[bytes]:
-        """The pull requests to send now, already counted as in flight."""
+    def next_requests(
+        self, pin_id: str | None, buffered: tuple[int, int], max_payload: int, in_range: int | None = None
+    ) -> list[bytes]:
+        """The pull requests to send now, already counted as in flight; ``in_range``: about how many messages the
+        range still holds (the budget counts the member's messages up to the stream's end, and what a pull brings
+        past the range is dropped and sent again with the next batch), None: unknown yet."""
         settings, requests = self.settings, self.requests
+        wanting = self.budget if in_range is None else min(self.budget, in_range)
         rows, nbytes = buffered
         limit = 1 if pin_id is None else settings.in_flight
         serving = sum(1 for owed in requests if owed)  # a filled pull is done at the server, its status may lag
@@ -49,7 +55,7 @@ class PullWindow:
             serving < limit
             and rows < 2 * settings.record_batch_size
             and nbytes < 2 * settings.record_batch_bytes
-            and (wanted := min(settings.batch, self.budget - self.owed())) > 0
+            and (wanted := min(settings.batch, wanting - self.owed())) > 0
         ):
             request: dict[str, Any] = {
                 "batch": wanted,
@@ -75,6 +81,7 @@ class PullWindow:
     def delivered(self, count: int) -> None:
         """``count`` messages arrived: they come off the budget and off the oldest pulls still owed any."""
         self.budget -= count
+        self.taken += count
         requests = self.requests
         for index, owed in enumerate(requests):  # a full pull stays listed until its status
             if not count:
