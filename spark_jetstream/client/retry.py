@@ -64,9 +64,8 @@ async def request(
     """
     loop = asyncio.get_running_loop()
     started = loop.time()
-    responder_deadline = started + min(
-        conn.options.request_timeout, conn.options.connect_timeout
-    )  # a wrong domain: sooner
+    options = conn.options
+    responder_deadline = started + min(options.request_timeout, options.connect_timeout)  # a wrong domain: sooner
     watch = _ClusterWatch(conn, subject)
     delay = 0.05
     publish = not subject.startswith(f"{conn.options.api_prefix}.")

@@ -55,19 +55,6 @@ async def find_group_async(api: JetStreamApi, stream: str, group: str) -> tuple[
     return None
 
 
-async def find_group_again_async(
-    api: JetStreamApi, stream: str, group: str, kind: str
-) -> tuple[GroupConfig, int] | None:
-    """The config of a group whose last look found a config of ``kind`` ("static" or "elastic"): one
-    ``STREAM.MSG.GET`` on that bucket's leader while it is there, the whole ``find_group`` only once it is gone. What a
-    streaming query asks before each batch: nothing the meta leader alone answers (``STREAM.NAMES``)."""
-    key, bucket = group_key(stream, group), STATIC_BUCKET if kind == "static" else ELASTIC_BUCKET
-    entry = await get_entry_async(api, bucket, key)
-    if entry is None:
-        return await find_group_async(api, stream, group)
-    return GroupConfig.from_json(kind, entry.data, f"group config {key} in KV bucket {bucket}"), entry.seq
-
-
 async def _holds(api: JetStreamApi, bucket: str, key: str) -> bool:
     """Whether KV bucket ``bucket`` holds anything under ``key`` (a value, or the marker of its deletion)."""
     try:

@@ -16,7 +16,7 @@ from spark_jetstream.client import retry
 from spark_jetstream.client.connection import Connection, ConnectionOptions
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.kv import get_entry, key_value
-from spark_jetstream.client.messages import time_ns
+from spark_jetstream.client.messages import stored_message_async, time_ns
 from spark_jetstream.errors import ClusterUnavailableError, ConnectError, JetStreamError
 
 _ensured: set[tuple[ConnectionOptions, str]] = set()
@@ -87,10 +87,9 @@ def markers(conn: Connection, bucket: str) -> list[Marker]:
     api, stream, prefix = JetStreamApi(conn), f"KV_{bucket}", f"$KV.{bucket}."
     found = []
     for subject in api.subjects(stream, f"{prefix}>"):
-        message = api.call(("STREAM", "MSG", "GET", stream), {"last_by_subj": subject}, f"Reading {subject}", stream)
-        stored = message["message"]
-        if "KV-Operation" in base64.b64decode(stored.get("hdrs") or b"").decode(errors="replace"):
-            continue  # deleted or purged
+        stored = conn.run(stored_message_async(api, stream, {"last_by_subj": subject}))
+        if stored is None or "KV-Operation" in base64.b64decode(stored.get("hdrs") or b"").decode(errors="replace"):
+            continue  # purged meanwhile, deleted or purged
         written = datetime.fromtimestamp(time_ns(stored["time"]) / 1e9, UTC)
         data = base64.b64decode(stored.get("data") or b"").decode(errors="replace")
         found.append(Marker(subject.removeprefix(prefix), data, written))

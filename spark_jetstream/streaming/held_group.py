@@ -19,13 +19,7 @@ from typing import Any
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.errors import GroupConfigError
 from spark_jetstream.groups.layout import ELASTIC_BUCKET, STATIC_BUCKET, GroupLayout, Member
-from spark_jetstream.groups.resolve import (
-    find_group_again_async,
-    find_group_async,
-    group_key,
-    layout_of,
-    resolve_layout,
-)
+from spark_jetstream.groups.resolve import find_group_async, group_key, layout_of, resolve_layout
 from spark_jetstream.read.ranges import MemberRange
 from spark_jetstream.streaming.config import SourceConfig
 from spark_jetstream.streaming.member_consumers import MemberConsumers, check_ack_policy
@@ -173,11 +167,11 @@ class HeldGroup:
         """The layout for the next batch. The group's config is looked at after a write to its key was seen (a core
         subscription to both config buckets' subjects for it: a change takes effect at the next batch boundary), and
         every ``CONFIG_LOOK`` whatever was seen (a write in another JetStream domain, a user who may not subscribe
-        there): nothing per batch, and the look that lists the config buckets (``STREAM.NAMES``, which only the meta
-        leader answers) only for a group without a config. When the group's config cannot be read within ``LAYOUT_WAIT``
-        (without a config bucket, telling a missing bucket from an election needs the meta leader, and one killed
-        takes 4-9 s to replace), the last batch's layout: the change then takes effect at a later boundary, and the
-        query does not stall meanwhile; for ``LAYOUT_RETRY`` after such a look the layout is kept without looking."""
+        there): nothing per batch, so the look's ``STREAM.NAMES`` (which only the meta leader answers) is rare. When
+        the group's config cannot be read within ``LAYOUT_WAIT`` (telling a missing bucket from an election needs the
+        meta leader, and one killed takes 4-9 s to replace), the last batch's layout: the change then takes effect at
+        a later boundary, and the query does not stall meanwhile; for ``LAYOUT_RETRY`` after such a look the layout is
+        kept without looking."""
         config = self.config
         if time.monotonic() - self._layout_unanswered < LAYOUT_RETRY:
             return self.layout  # still an election: one batch a second would each wait LAYOUT_WAIT
@@ -186,12 +180,7 @@ class HeldGroup:
         if not writes.woken and now - self._looked < CONFIG_LOOK:
             return self._configured
         writes.woken, self._looked = False, now
-        stream, kind = self.source_config["name"], self.layout.kind
-        if kind in ("static", "elastic"):
-            find = find_group_again_async(self.api, stream, self.name, kind)
-        else:
-            find = find_group_async(self.api, stream, self.name)
-        lookup = asyncio.wait_for(find, LAYOUT_WAIT)
+        lookup = asyncio.wait_for(find_group_async(self.api, self.source_config["name"], self.name), LAYOUT_WAIT)
         try:
             found = self.api.conn.run(lookup)
         except TimeoutError:

@@ -159,8 +159,7 @@ class _PinnedPull:
         info = await self.api.reset(self.member.stream, self.member.consumer, seq)
         self.reset_to = seq
         self.leader = _leader(info)
-        self.window.restart(info["num_pending"])
-        self.window.taken = 0
+        self.window.reset(info["num_pending"])
         config = info["config"]
         self._check_config(config)
         self.filters = config.get("filter_subjects") or [config.get("filter_subject") or ">"]

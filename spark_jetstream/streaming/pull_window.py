@@ -30,8 +30,13 @@ class PullWindow:
         self.group = group
         self.requests: deque[int] = deque()  # messages still owed by each outstanding pull, oldest first
         self.budget = 0
-        self.taken = 0  # messages delivered since the consumer's last RESET (the reader zeroes it there)
+        self.taken = 0  # messages delivered since the consumer's last RESET (``reset``)
         self.oversize = False  # the next pull must fit a message larger than max_bytes
+
+    def reset(self, budget: int) -> None:
+        """The consumer was RESET: ``budget`` matching messages from there, none of them taken yet."""
+        self.restart(budget)
+        self.taken = 0
 
     def restart(self, budget: int | None = None) -> None:
         """Forget the pulls in flight (their replies no longer count), and take a new budget if given."""
