@@ -89,12 +89,15 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=30.0)
     parser.add_argument("--busy-seconds", type=float, default=30.0)
     parser.add_argument("--rate", type=float, default=100.0, help="messages a second while busy")
+    parser.add_argument("--mode", action="append", choices=list(MODES), help="only these read modes (default: all)")
     args = parser.parse_args()
     builder = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
     spark = builder.config("spark.ui.showConsoleProgress", "false").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     for mode, extra in MODES.items():
+        if args.mode and mode not in args.mode:
+            continue
         with EmbeddedServer(name="api-load") as server:
             options = ConnectionOptions(servers=(server.url,))
             api = JetStreamApi(connect(options))

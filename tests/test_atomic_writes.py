@@ -309,6 +309,7 @@ def test_a_batch_write_whose_task_is_retried_stores_every_row_once(spark, nats_s
         writer = df.write.format("jetstream").option("servers", nats_server.url)
         writer.option("progressSubject", "aout2_progress").option("atomicBatchSize", "100").mode("append").save()
         assert sorted(int(d.split(b":")[0]) for d in rows_of(api, out)) == list(range(2000))
+        assert api.subjects(out, "aout2_progress.>") == []  # the write's markers went with its end: nothing grows
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
         api.delete_stream(out)

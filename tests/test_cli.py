@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
+from unittest.mock import ANY
 
 import pytest
 
+from spark_jetstream.client.publish import publish_all
 from spark_jetstream.sink.markers import ensure_bucket, markers, read_marker, write_marker
 from spark_jetstream.tools.cli import main
 
@@ -60,3 +63,24 @@ def test_commits_lists_and_forgets_the_markers_of_retired_queries(nats_server, c
     assert [marker.query_id for marker in markers(conn, bucket)] == ["q-live"]
     assert read_marker(conn, bucket, "q-live") == 12
     assert api.stream_info(f"KV_{bucket}")["state"]["num_subjects"] == 1
+
+
+def test_commits_lists_and_forgets_the_progress_markers_of_retired_writers(nats_server, conn, api, capsys):
+    """A writer with progressSubject keeps a marker subject per query (or write) id and partition in the target
+    stream: ``commits --progress-subject`` lists them per id and removes those of an id that will not write again."""
+    api.create_stream({"name": "PROGRESSED", "subjects": ["rows.>", "prog.>"]})
+    try:
+        written = [("prog.sjp-q1.0", 3), ("prog.sjp-q1.1", 4), ("prog.sjp-q2.0", 9)]
+        markers_ = [(s, json.dumps({"batch": b, "chunk": 0, "rows": 5, "id": "x"}).encode(), None) for s, b in written]
+        publish_all(conn, [*markers_, ("rows.a", b"a row", None), ("prog.other.0", b"not a marker", None)])
+
+        def cli(*args: str) -> list[list[str]]:
+            capsys.readouterr()
+            assert main(["commits", *args, "--progress-subject", "prog", "--servers", nats_server.url]) == 0
+            return [line.split()[:3] for line in capsys.readouterr().out.splitlines()]
+
+        assert cli("list") == [["query", "id", "batch"], ["q1", "4", ANY], ["q2", "9", ANY]]
+        assert cli("forget", "--query-id", "q1") == [["forgot", "query", "q1"]]
+        assert api.subjects("PROGRESSED", ">") == ["prog.other.0", "prog.sjp-q2.0", "rows.a"]
+    finally:
+        api.delete_stream("PROGRESSED")

@@ -16,7 +16,7 @@ from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.publish import publish_all
 from spark_jetstream.groups.layout import partitioned_stream_config
 from spark_jetstream.testing import EmbeddedServer
-from spark_jetstream.tools.rights import read_rights
+from spark_jetstream.tools.rights import Rights, read_rights
 
 pytestmark = pytest.mark.slow
 
@@ -29,6 +29,17 @@ USERS = {  # user -> the read it does, and its rights
     "pulled": read_rights(STREAM, group="g", consumers=MEMBERS, direct=False, inbox_prefix=INBOX),
     "batch": read_rights(STREAM, group="g", streaming=False, inbox_prefix=INBOX),
     "reader": read_rights(STREAM, group="made", consumers=["made-0", "made-1"], create=False, inbox_prefix=INBOX),
+    # the security guide's writer with progressSubject: its subjects, its markers, and reading them; no purge
+    "writer": Rights(
+        publish=(
+            "out.>",
+            "out_progress.>",
+            "$JS.API.STREAM.MSG.GET.OUT",
+            "$JS.API.STREAM.NAMES",
+            "$JS.API.STREAM.INFO.OUT",
+        ),
+        subscribe=(f"{INBOX}.>",),
+    ),
 }
 
 
@@ -41,6 +52,7 @@ def server() -> Any:
         api = JetStreamApi(connect(admin))
         api.create_stream({**partitioned_stream_config(STREAM, "orders.*", 2), "allow_direct": True})
         assert publish_all(api.conn, ((f"orders.k{i}", f"o{i}".encode(), None) for i in range(MESSAGES))).count == 120
+        api.create_stream({"name": "OUT", "subjects": ["out.>", "out_progress.>"], "allow_atomic": True})
         yield server, api
         disconnect(admin)
 
@@ -147,3 +159,16 @@ def test_a_reader_with_the_listed_rights_receives_no_other_users_replies(server)
     heard, errors = asyncio.run(eavesdrop())
     assert heard == []
     assert any('permissions violation for subscription to "_inbox.>"' in error.lower() for error in errors), errors
+
+
+def test_a_batch_write_with_progress_markers_with_exactly_the_listed_rights(spark, server):
+    """The writer stores every row once; without the right to purge, its progress markers stay (a WARNING says so,
+    and ``commits forget`` removes them), where a writer with it leaves none (``test_atomic_writes``)."""
+    nats_server, api = server
+    rows = spark.range(0, 300, 1, 3).selectExpr("'out.x' AS subject", "CAST(id AS STRING) AS data")
+    writer = rows.write.format("jetstream").options(servers=nats_server.url, user="writer", password="writer-pw")
+    writer.options(inboxPrefix=INBOX, progressSubject="out_progress").mode("append").save()
+    stored = api.stream_info("OUT")["state"]
+    assert api.subjects("OUT", "out.>") == ["out.x"]
+    assert stored["messages"] == 300 + 3  # every row once, and a marker per task
+    assert len(api.subjects("OUT", "out_progress.>")) == 3

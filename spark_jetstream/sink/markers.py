@@ -2,6 +2,9 @@
 
 The driver's ``commit`` writes the marker (``write_marker``) after every task of a batch succeeded;
 each task reads it first (``read_marker``) and skips a batch committed before (see ``sink.writer``).
+A writer with ``progressSubject`` keeps its markers in the target stream instead (``sink.atomic``);
+``progress_markers`` and ``forget_progress`` list and remove those per query or write id, as
+``markers`` and ``forget`` do the bucket's (``spark-jetstream commits``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from spark_jetstream.client.connection import Connection, ConnectionOptions
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.kv import get_entry, key_value
 from spark_jetstream.client.messages import stored_message_async, time_ns
+from spark_jetstream.client.progress_markers import MARKER_TOKEN, marker_subject
 from spark_jetstream.errors import ClusterUnavailableError, ConnectError, JetStreamError
 
 _ensured: set[tuple[ConnectionOptions, str]] = set()
@@ -101,3 +105,47 @@ def forget(conn: Connection, bucket: str, query_id: str) -> None:
     that does run again with that checkpoint rewrites batches it had committed: they are then stored twice."""
     api, stream = JetStreamApi(conn), f"KV_{bucket}"
     api.call(("STREAM", "PURGE", stream), {"filter": f"$KV.{bucket}.{query_id}"}, f"Purging stream {stream!r}", stream)
+
+
+def progress_markers(conn: Connection, prefix: str) -> list[Marker]:
+    """Every writer's progress markers under ``prefix`` (the option ``progressSubject``), one per query or write id:
+    its last batch and when its newest marker was written, oldest first."""
+    api = JetStreamApi(conn)
+    stream = progress_stream(api, prefix)
+    found: dict[str, list[tuple[int, datetime]]] = {}
+    for subject in api.subjects(stream, f"{prefix}.*.*"):
+        sink = subject.removeprefix(f"{prefix}.").split(".")[0]
+        if not sink.startswith(MARKER_TOKEN):
+            continue
+        stored = conn.run(stored_message_async(api, stream, {"last_by_subj": subject}))
+        if stored is None:
+            continue  # purged meanwhile
+        try:
+            batch = int(json.loads(base64.b64decode(stored.get("data") or b""))["batch"])
+        except (ValueError, KeyError, TypeError):
+            continue  # something else publishes under the prefix
+        written = datetime.fromtimestamp(time_ns(stored["time"]) / 1e9, UTC)
+        found.setdefault(sink.removeprefix(MARKER_TOKEN), []).append((batch, written))
+    listed = [
+        Marker(query_id, str(max(b for b, _ in seen)), max(w for _, w in seen)) for query_id, seen in found.items()
+    ]
+    return sorted(listed, key=lambda marker: marker.written)
+
+
+def forget_progress(conn: Connection, prefix: str, query_id: str, stream: str | None = None) -> int:
+    """Remove the progress markers of a query or write id that will not write again (a purge of its subjects, in
+    ``stream`` or the stream that captures them); returns how many went. A query that does run again with its
+    checkpoint stores a replayed batch twice."""
+    api = JetStreamApi(conn)
+    stream = stream or progress_stream(api, prefix)
+    subjects = marker_subject(prefix, query_id, 0).removesuffix(".0") + ".*"
+    reply = api.call(("STREAM", "PURGE", stream), {"filter": subjects}, f"Purging stream {stream!r}", stream)
+    return int(reply.get("purged", 0))
+
+
+def progress_stream(api: JetStreamApi, prefix: str) -> str:
+    """The stream that holds the markers under ``prefix``."""
+    streams = api.stream_names(marker_subject(prefix, "0", 0))
+    if not streams:
+        raise JetStreamError(f"No stream captures progress markers under {prefix!r} ({prefix}.sjp-<id>.<partition>).")
+    return streams[0]

@@ -53,7 +53,7 @@ from spark_jetstream.errors import JetStreamError, NotPermittedError, OptionErro
 from spark_jetstream.sink.atomic import AtomicWriter, ProgressTarget, progress_target
 from spark_jetstream.sink.config import Columns, SinkConfig, check_columns
 from spark_jetstream.sink.kv import KvColumns, check_kv_columns, publish_kv
-from spark_jetstream.sink.markers import ensure_bucket, read_marker, write_marker
+from spark_jetstream.sink.markers import ensure_bucket, forget_progress, read_marker, write_marker
 from spark_jetstream.sink.publishing import Commands, publish_rows
 from spark_jetstream.spark_compat import DataSourceArrowWriter, StreamWriterBase, WriterCommitMessage, record_batches
 
@@ -155,6 +155,7 @@ class JetStreamBatchWriter(DataSourceArrowWriter):
             sum(r.duplicates for r in results),
             len(results),
         )
+        self._forget_markers()
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         published = sum(m.published for m in messages if isinstance(m, WriteResult))
@@ -163,6 +164,25 @@ class JetStreamBatchWriter(DataSourceArrowWriter):
             self.write_id,
             published,
         )
+        self._forget_markers()
+
+    def _forget_markers(self) -> None:
+        """A batch write's progress markers serve only its own tasks' retries (a rerun is a new write id): once the
+        job is over they go, or each write would leave a subject per partition in the stream for ever."""
+        if self.progress is None:
+            return
+        try:
+            forget_progress(connect(self.config.connection), self.progress.prefix, self.write_id, self.progress.stream)
+        except JetStreamError as exc:
+            log.warning(
+                "The progress markers of write %s stay in stream %r (%s). Allow the writer %s, or remove them "
+                "later: spark-jetstream commits forget --progress-subject %s --older-than 1d",
+                self.write_id,
+                self.progress.stream,
+                exc,
+                f"$JS.API.STREAM.PURGE.{self.progress.stream}",
+                self.progress.prefix,
+            )
 
 
 @surfaced

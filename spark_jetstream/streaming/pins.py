@@ -11,9 +11,9 @@ Taking a pin needs a delivery (the server pins the first id-less pull it deliver
 message, then a RESET of that consumer to the committed watermark, under the same lock as the
 commit's RESETs, so the delivery leaves nothing behind (no pending message, no ack-none floor moved).
 
-Every ``SWEEP_EVERY`` seconds the keeper also reads each member consumer's info: more than one delivery since
-the last RESET (``delivered.consumer_seq`` restarts at 0 with each RESET and the query makes none), a
-pin it did not take, or a config another client changed, is another client at work on Spark's consumer.
+Every ``SWEEP_EVERY`` seconds (with the keep-alive pulls) the keeper also reads each member consumer's info: more
+than one delivery since the last RESET (``delivered.consumer_seq`` restarts at 0 with each RESET and the query makes
+none), a pin it did not take, or a config another client changed, is another client at work on Spark's consumer.
 The query then fails at its next call into the source (``raise_error``), naming the consumer. One
 delivery still counted is the trace of a taking (counted after its RESET, or its reply lost under
 load): it is reset away like the taking's own, so an ack-none floor never stays off the checkpoint.
@@ -41,14 +41,14 @@ from spark_jetstream.streaming.member_consumers import MemberConsumers
 
 log = logging.getLogger(__name__)
 
-KEEP_ALIVE = 5.0
+KEEP_ALIVE = 20.0
 """Most seconds between keep-alive pulls while every pin is held (a quarter of ``priority_timeout`` when that is
-shorter): each is a request its consumer's leader answers."""
+shorter): each is a request its consumer's leader answers, so an idle query's keeper asks 2 per member per 20 s."""
 RETAKE = 1.0
 """Seconds between rounds while a pin is missing or a taking's delivery waits to be reset away."""
-SWEEP_EVERY = 5.0
-"""Seconds between checks of every member consumer (``CONSUMER.INFO`` each, an API request): a foreign puller is found
-within about this, and a busy query checks each consumer before its floor moves anyway."""
+SWEEP_EVERY = KEEP_ALIVE
+"""Seconds between checks of every member consumer (``CONSUMER.INFO`` each, an API request) while the query is idle: a
+foreign puller is found within about this; a busy query checks each consumer before its floor moves anyway."""
 
 _NS = 1_000_000_000
 _TAKE_WAIT = 2.0  # how long a pull that takes a pin waits for a message
@@ -149,7 +149,7 @@ class PinKeeper:
             self.traced.discard(gone)
         await asyncio.gather(*(self._keep(consumer, unpin) for consumer in consumers))
         now = asyncio.get_running_loop().time()
-        if now - self.swept < SWEEP_EVERY:
+        if now - self.swept < SWEEP_EVERY - RETAKE:  # a round every SWEEP_EVERY s comes a moment early or late
             return
         self.swept = now
         traces = await self.check()

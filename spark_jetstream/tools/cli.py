@@ -34,7 +34,7 @@ from spark_jetstream.groups.layout import (
 )
 from spark_jetstream.options import CONNECTION_OPTIONS, Option, parse_connection_options
 from spark_jetstream.options.parsers import parse_duration
-from spark_jetstream.sink.markers import forget, markers
+from spark_jetstream.sink.markers import forget, forget_progress, markers, progress_markers
 from spark_jetstream.tools.rights import read_rights
 
 
@@ -196,7 +196,8 @@ def group_command(args: argparse.Namespace) -> int:
 
 def commits_command(args: argparse.Namespace) -> int:
     conn = _api(args).conn
-    found = markers(conn, args.bucket)
+    prefix = args.progress_subject
+    found = progress_markers(conn, prefix) if prefix else markers(conn, args.bucket)
     if args.action == "list":
         print(f"{'query id':<40}{'batch':>10}  last written")
         for marker in found:
@@ -208,7 +209,10 @@ def commits_command(args: argparse.Namespace) -> int:
         since = datetime.now(UTC) - timedelta(seconds=parse_duration(args.older_than))
         gone = [marker for marker in found if marker.written < since]
     for marker in gone:
-        forget(conn, args.bucket, marker.query_id)
+        if prefix:
+            forget_progress(conn, prefix, marker.query_id)
+        else:
+            forget(conn, args.bucket, marker.query_id)
         print(
             f"forgot query {marker.query_id} (batch {marker.batch_id}, {marker.written.isoformat(timespec='seconds')})"
         )
@@ -302,7 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
             _members_arg(sub)
         sub.set_defaults(func=group_command)
 
-    commits = commands.add_parser("commits", help="list or remove streaming writers' commit markers (commitBucket)")
+    commits = commands.add_parser(
+        "commits", help="list or remove writers' commit markers (commitBucket, or progressSubject's progress markers)"
+    )
     verbs = commits.add_subparsers(dest="action", required=True)
     for action, text in (
         ("list", "each query's last committed batch, oldest first"),
@@ -310,10 +316,14 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         sub = verbs.add_parser(action, help=text)
         _connection_args(sub)
-        sub.add_argument("--bucket", default="spark-jetstream-commits", help="the commitBucket option's value")
+        where = sub.add_mutually_exclusive_group()
+        where.add_argument("--bucket", default="spark-jetstream-commits", help="the commitBucket option's value")
+        where.add_argument(
+            "--progress-subject", help="the progressSubject option's value: the progress markers in the target stream"
+        )
         if action == "forget":
             which = sub.add_mutually_exclusive_group(required=True)
-            which.add_argument("--query-id", nargs="+", help="the queries' ids (Spark's query id, as listed)")
+            which.add_argument("--query-id", nargs="+", help="the queries' (or batch writes') ids, as listed")
             which.add_argument("--older-than", help="every marker not written for this long, e.g. 30d")
         sub.set_defaults(func=commits_command)
 
