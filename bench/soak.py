@@ -110,7 +110,9 @@ def main() -> None:
         while (now := time.monotonic()) < begun + args.minutes * 60:
             if now >= next_write:
                 batch = spark.range(0, 1000, 1, 4).selectExpr("'out.batch' AS subject", "CAST(id AS STRING) AS data")
-                batch.write.format("jetstream").options(servers=server.url, progressSubject="out_progress").save()
+                batch.write.format("jetstream").options(servers=server.url, progressSubject="out_progress").mode(
+                    "append"
+                ).save()
                 writes += 1
                 next_write = now + args.batch_write_every
             if not restarted and now >= begun + args.minutes * 30:
@@ -132,9 +134,15 @@ def main() -> None:
         for query in queries.values():
             query.processAllAvailable()
         last = bookkeeping(api)
+        every = streams(api)
         print("\nat the end, every stream (messages, subjects):")
-        for name, (messages, subjects) in streams(api).items():
+        for name, (messages, subjects) in every.items():
             print(f"  {name:<28}{messages:>10}{subjects:>10}")
+        rows = every["OUT"][0] - writes * 1000 - last["marker messages"]
+        print(
+            f"\nrows read and written once: SOAK {every['SOAK'][0]}, OUT {rows} (less the batch writes and markers), "
+            f"OUT2 {every['OUT2'][0]}"
+        )
         print("\nbookkeeping after the first sample -> at the end:")
         for key, value in last.items():
             held = first is not None and first[key] == value
