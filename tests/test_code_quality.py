@@ -20,6 +20,7 @@ LAYERS = (
     "options",
     "groups",
     "spark_compat",
+    "worker_heap",
     "read",
     "streaming",
     "sink",

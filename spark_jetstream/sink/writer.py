@@ -56,6 +56,7 @@ from spark_jetstream.sink.kv import KvColumns, check_kv_columns, publish_kv
 from spark_jetstream.sink.markers import ensure_bucket, forget_progress, read_marker, write_marker
 from spark_jetstream.sink.publishing import Commands, publish_rows
 from spark_jetstream.spark_compat import DataSourceArrowWriter, StreamWriterBase, WriterCommitMessage, record_batches
+from spark_jetstream.worker_heap import settle
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,7 @@ class JetStreamBatchWriter(DataSourceArrowWriter):
 
         partition = TaskContext.get().partitionId()
         conn = connect(self.config.connection)
+        settle(in_task=True)
         if self.progress is not None:
             return _write_atomic(conn, self.config, self.columns, self.progress, self.write_id, 0, partition, iterator)
         published, duplicates = _publish(conn, self.config, self.columns, iterator, f"{self.write_id}:{partition}:")
@@ -216,6 +218,7 @@ class JetStreamStreamWriter(StreamWriterBase):  # type: ignore[misc,valid-type]
             raise JetStreamError("The streaming writer ran outside a streaming query (no query or batch id).")
         batch_id, partition = int(batch), context.partitionId()
         conn = connect(self.config.connection)
+        settle(in_task=True)
         if self.progress is not None:
             result = _write_atomic(
                 conn, self.config, self.columns, self.progress, query_id, batch_id, partition, iterator
