@@ -128,10 +128,14 @@ def report(what: str, profile: bytes, top: int) -> None:
         if names:
             flat[short(names[0])] += ns
         counted = [short(n) for n in names]
-        if "(*fileStore).NumPending" in counted:
-            by = "a batched Direct Get" if "(*stream).getDirectRequest" in counted else "a consumer RESET"
-            by = by if by != "a consumer RESET" or "(*consumer).processResetReq" in counted else "other callers"
-            pending[by] += ns
+        if "(*fileStore).NumPending" not in counted:
+            continue
+        if "(*stream).getDirectRequest" in counted:
+            pending["a batched Direct Get"] += ns
+        elif "(*consumer).processResetReq" in counted:
+            pending["a consumer RESET"] += ns
+        else:
+            pending["other callers"] += ns
     shares = ", ".join(f"{by} {100 * ns / total:.1f}%" for by, ns in pending.most_common()) or "none"
     print(f"\n{what}: server CPU {total / 1e9:.2f} s; counting pending messages: {shares}")
     for name, ns in flat.most_common(top):

@@ -271,6 +271,11 @@ class JetStreamApi:
         body = {"seq": keep_from_seq} if keep_from_seq else None
         self.call(("STREAM", "PURGE", stream), body, f"Purging stream {stream!r}", stream)
 
+    def purge_subjects(self, stream: str, subjects: str) -> int:
+        """Remove every message on ``subjects`` (a filter, wildcards too); returns how many went."""
+        reply = self.call(("STREAM", "PURGE", stream), {"filter": subjects}, f"Purging stream {stream!r}", stream)
+        return int(reply.get("purged", 0))
+
     async def purge_below(self, stream: str, seq: int, subject: str = "") -> int:
         """Remove the messages below ``seq`` (matching ``subject`` if given); returns how many went."""
         body: dict[str, Any] = {"seq": seq}

@@ -21,6 +21,17 @@ def marker_subject(prefix: str, sink: str, partition: int) -> str:
     return f"{prefix}.{MARKER_TOKEN}{sink}.{partition}"
 
 
+def sink_subjects(prefix: str, sink: str) -> str:
+    """The filter of every marker subject of ``sink``."""
+    return f"{prefix}.{MARKER_TOKEN}{sink}.*"
+
+
+def sink_of(prefix: str, subject: str) -> str | None:
+    """The sink (query or write id) whose marker ``subject`` under ``prefix`` is, or None for another subject."""
+    token = subject.removeprefix(f"{prefix}.").split(".")[0]
+    return token.removeprefix(MARKER_TOKEN) if token.startswith(MARKER_TOKEN) else None
+
+
 def is_marker(subjects: pa.Array) -> pa.Array | None:
     """Which of a column of subjects are progress markers, or None when none is (the usual case: one substring
     search per subject, no regex)."""

@@ -68,7 +68,7 @@ async def request(
     responder_deadline = started + min(options.request_timeout, options.connect_timeout)  # a wrong domain: sooner
     watch = _ClusterWatch(conn, subject)
     delay = 0.05
-    publish = not subject.startswith(f"{conn.options.api_prefix}.")
+    publish = not subject.startswith(f"{options.api_prefix}.")
     taken: bool | None = None  # whether a stream captures the published subject (``captured``), once answered
     try:
         while True:

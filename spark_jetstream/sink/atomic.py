@@ -84,14 +84,7 @@ def progress_target(conn: Connection, prefix: str | None, max_messages: int) -> 
     if prefix is None:
         return _within_window("no progressSubject")
     api = JetStreamApi(conn)
-    probe = marker_subject(prefix, "0", 0)
-    streams = api.stream_names(probe)
-    if not streams:
-        raise OptionError(
-            f"progressSubject {prefix!r}: no stream captures {probe!r}, where the writer's progress markers go. Add "
-            f"'{prefix}.>' to the subjects of the stream the rows go to."
-        )
-    stream = streams[0]
+    stream = progress_stream(api, prefix)
     if not conn.supports(ATOMIC_BATCHES):
         return _within_window(f"the server runs nats-server {shown(conn.server_version)}; atomic batches need 2.12")
     info = api.stream_info(stream)
@@ -114,6 +107,18 @@ def progress_target(conn: Connection, prefix: str | None, max_messages: int) -> 
 
 
 _said_no_rollup: set[str] = set()
+
+
+def progress_stream(api: JetStreamApi, prefix: str) -> str:
+    """The stream that captures the marker subjects under ``prefix``; a ``prefix`` no stream captures is refused."""
+    probe = marker_subject(prefix, "0", 0)
+    streams = api.stream_names(probe)
+    if not streams:
+        raise OptionError(
+            f"progressSubject {prefix!r}: no stream captures {probe!r}, where the writer's progress markers go. Add "
+            f"'{prefix}.>' to the subjects of the stream the rows go to."
+        )
+    return streams[0]
 
 
 def _within_window(why: str) -> None:

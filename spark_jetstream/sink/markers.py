@@ -14,14 +14,16 @@ import json
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from spark_jetstream.client import retry
 from spark_jetstream.client.connection import Connection, ConnectionOptions
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.kv import get_entry, key_value
 from spark_jetstream.client.messages import stored_message_async, time_ns
-from spark_jetstream.client.progress_markers import MARKER_TOKEN, marker_subject
+from spark_jetstream.client.progress_markers import sink_of, sink_subjects
 from spark_jetstream.errors import ClusterUnavailableError, ConnectError, JetStreamError
+from spark_jetstream.sink.atomic import progress_stream
 
 _ensured: set[tuple[ConnectionOptions, str]] = set()
 _ensured_lock = threading.Lock()
@@ -94,17 +96,15 @@ def markers(conn: Connection, bucket: str) -> list[Marker]:
         stored = conn.run(stored_message_async(api, stream, {"last_by_subj": subject}))
         if stored is None or "KV-Operation" in base64.b64decode(stored.get("hdrs") or b"").decode(errors="replace"):
             continue  # purged meanwhile, deleted or purged
-        written = datetime.fromtimestamp(time_ns(stored["time"]) / 1e9, UTC)
         data = base64.b64decode(stored.get("data") or b"").decode(errors="replace")
-        found.append(Marker(subject.removeprefix(prefix), data, written))
+        found.append(Marker(subject.removeprefix(prefix), data, _written(stored)))
     return sorted(found, key=lambda marker: marker.written)
 
 
 def forget(conn: Connection, bucket: str, query_id: str) -> None:
     """Remove the marker of a query that will not run again, and its key with it (a purge of its subject). A query
     that does run again with that checkpoint rewrites batches it had committed: they are then stored twice."""
-    api, stream = JetStreamApi(conn), f"KV_{bucket}"
-    api.call(("STREAM", "PURGE", stream), {"filter": f"$KV.{bucket}.{query_id}"}, f"Purging stream {stream!r}", stream)
+    JetStreamApi(conn).purge_subjects(f"KV_{bucket}", f"$KV.{bucket}.{query_id}")
 
 
 def progress_markers(conn: Connection, prefix: str) -> list[Marker]:
@@ -114,8 +114,7 @@ def progress_markers(conn: Connection, prefix: str) -> list[Marker]:
     stream = progress_stream(api, prefix)
     found: dict[str, list[tuple[int, datetime]]] = {}
     for subject in api.subjects(stream, f"{prefix}.*.*"):
-        sink = subject.removeprefix(f"{prefix}.").split(".")[0]
-        if not sink.startswith(MARKER_TOKEN):
+        if (sink := sink_of(prefix, subject)) is None:
             continue
         stored = conn.run(stored_message_async(api, stream, {"last_by_subj": subject}))
         if stored is None:
@@ -124,8 +123,7 @@ def progress_markers(conn: Connection, prefix: str) -> list[Marker]:
             batch = int(json.loads(base64.b64decode(stored.get("data") or b""))["batch"])
         except (ValueError, KeyError, TypeError):
             continue  # something else publishes under the prefix
-        written = datetime.fromtimestamp(time_ns(stored["time"]) / 1e9, UTC)
-        found.setdefault(sink.removeprefix(MARKER_TOKEN), []).append((batch, written))
+        found.setdefault(sink, []).append((batch, _written(stored)))
     listed = [
         Marker(query_id, str(max(b for b, _ in seen)), max(w for _, w in seen)) for query_id, seen in found.items()
     ]
@@ -137,15 +135,9 @@ def forget_progress(conn: Connection, prefix: str, query_id: str, stream: str | 
     ``stream`` or the stream that captures them); returns how many went. A query that does run again with its
     checkpoint stores a replayed batch twice."""
     api = JetStreamApi(conn)
-    stream = stream or progress_stream(api, prefix)
-    subjects = marker_subject(prefix, query_id, 0).removesuffix(".0") + ".*"
-    reply = api.call(("STREAM", "PURGE", stream), {"filter": subjects}, f"Purging stream {stream!r}", stream)
-    return int(reply.get("purged", 0))
+    return api.purge_subjects(stream or progress_stream(api, prefix), sink_subjects(prefix, query_id))
 
 
-def progress_stream(api: JetStreamApi, prefix: str) -> str:
-    """The stream that holds the markers under ``prefix``."""
-    streams = api.stream_names(marker_subject(prefix, "0", 0))
-    if not streams:
-        raise JetStreamError(f"No stream captures progress markers under {prefix!r} ({prefix}.sjp-<id>.<partition>).")
-    return streams[0]
+def _written(stored: dict[str, Any]) -> datetime:
+    """When a message ``STREAM.MSG.GET`` gave was stored."""
+    return datetime.fromtimestamp(time_ns(stored["time"]) / 1e9, UTC)

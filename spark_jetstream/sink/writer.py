@@ -173,16 +173,18 @@ class JetStreamBatchWriter(DataSourceArrowWriter):
         job is over they go, or each write would leave a subject per partition in the stream for ever."""
         if self.progress is None:
             return
+        conn, stream = connect(self.config.connection), self.progress.stream
         try:
-            forget_progress(connect(self.config.connection), self.progress.prefix, self.write_id, self.progress.stream)
+            forget_progress(conn, self.progress.prefix, self.write_id, stream)
         except JetStreamError as exc:
             log.warning(
-                "The progress markers of write %s stay in stream %r (%s). Allow the writer %s, or remove them "
-                "later: spark-jetstream commits forget --progress-subject %s --older-than 1d",
+                "The progress markers of write %s stay in stream %r (%s). Allow the writer %s.STREAM.PURGE.%s, or "
+                "remove them later: spark-jetstream commits forget --progress-subject %s --older-than 1d",
                 self.write_id,
-                self.progress.stream,
+                stream,
                 exc,
-                f"$JS.API.STREAM.PURGE.{self.progress.stream}",
+                conn.options.api_prefix,
+                stream,
                 self.progress.prefix,
             )
 

@@ -45,13 +45,13 @@ class PullWindow:
             self.budget = budget
 
     def next_requests(
-        self, pin_id: str | None, buffered: tuple[int, int], max_payload: int, in_range: int | None = None
+        self, pin_id: str | None, buffered: tuple[int, int], max_payload: int, in_range: int
     ) -> list[bytes]:
         """The pull requests to send now, already counted as in flight; ``in_range``: about how many messages the
         range still holds (the budget counts the member's messages up to the stream's end, and what a pull brings
-        past the range is dropped and sent again with the next batch), None: unknown yet."""
+        past the range is dropped and sent again with the next batch)."""
         settings, requests = self.settings, self.requests
-        wanting = self.budget if in_range is None else min(self.budget, in_range)
+        wanting = min(self.budget, in_range)
         rows, nbytes = buffered
         limit = 1 if pin_id is None else settings.in_flight
         serving = sum(1 for owed in requests if owed)  # a filled pull is done at the server, its status may lag

@@ -195,9 +195,11 @@ def group_command(args: argparse.Namespace) -> int:
 
 
 def commits_command(args: argparse.Namespace) -> int:
-    conn = _api(args).conn
-    prefix = args.progress_subject
-    found = progress_markers(conn, prefix) if prefix else markers(conn, args.bucket)
+    conn, prefix, bucket = _api(args).conn, args.progress_subject, args.bucket
+    if prefix:
+        found, drop = progress_markers(conn, prefix), lambda query_id: forget_progress(conn, prefix, query_id)
+    else:
+        found, drop = markers(conn, bucket), lambda query_id: forget(conn, bucket, query_id)
     if args.action == "list":
         print(f"{'query id':<40}{'batch':>10}  last written")
         for marker in found:
@@ -209,10 +211,7 @@ def commits_command(args: argparse.Namespace) -> int:
         since = datetime.now(UTC) - timedelta(seconds=parse_duration(args.older_than))
         gone = [marker for marker in found if marker.written < since]
     for marker in gone:
-        if prefix:
-            forget_progress(conn, prefix, marker.query_id)
-        else:
-            forget(conn, args.bucket, marker.query_id)
+        drop(marker.query_id)
         print(
             f"forgot query {marker.query_id} (batch {marker.batch_id}, {marker.written.isoformat(timespec='seconds')})"
         )
