@@ -14,12 +14,12 @@ from helpers import wait_for
 
 from spark_jetstream.client.connection import Connection, ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.client.nats_client import GATHER_OWED
+from spark_jetstream.client.nats_client import GATHER_BYTES, GATHER_MAX_WAIT, GATHER_OWED, gather_wait
 from spark_jetstream.testing import EmbeddedServer
 
 MESSAGES = 100
 GAP = 0.0002
-"""Seconds between the messages a raw publisher sends: several arrive within one ``nats_client.GATHER_WAIT``."""
+"""Seconds between the messages a raw publisher sends: several arrive within one pause of the read loop."""
 
 
 @contextmanager
@@ -34,9 +34,9 @@ def counted_reads(conn: Connection) -> Iterator[tuple[list[int], list[float]]]:
         sizes.append(len(data))
         await parse(data)
 
-    async def gathering() -> None:
+    async def gathering(wait: float) -> bool:
         pauses.append(time.monotonic())
-        await gather()
+        return await gather(wait)
 
     client._ps.parse, client._gather = counting, gathering
     try:
@@ -97,6 +97,18 @@ def test_a_bulk_read_owed_few_messages_is_not_held_up(conn: Connection, nats_ser
     _, few = read_trickle(conn, nats_server.port, owed=GATHER_OWED - 1)
     assert paused, "the same trickle owed many messages never paused: the test shows nothing"
     assert few == [], f"a read owed {GATHER_OWED - 1} messages paused {len(few)} times"
+
+
+def test_a_pause_lasts_while_what_is_owed_arrives_at_the_rate_the_last_read_showed():
+    """The pause after a short read: what ``GATHER_BYTES`` take at the rate the read arrived, or what is still owed
+    if that is less, never more than ``GATHER_MAX_WAIT``."""
+    # 64 KiB in 1 ms, 320 messages of 200 B.
+    assert GATHER_BYTES == 512 * 1024
+    assert gather_wait(65536, 0.001, left=10_000, got=320) == pytest.approx(0.008)
+    assert gather_wait(65536, 0.001, left=640, got=320) == pytest.approx(0.002)  # 128 KiB still owed
+    assert gather_wait(64, 0.01, left=10_000, got=1) == GATHER_MAX_WAIT  # a trickle: the longest pause
+    # No owed message came (a pull was added meanwhile, or the read was another subscription's): the bytes' bound.
+    assert gather_wait(65536, 0.001, left=500, got=0) == pytest.approx(0.008)
 
 
 @pytest.mark.slow

@@ -40,12 +40,25 @@ RECONNECT_WAIT = 0.5
 READ_SIZE = 1024 * 1024
 """Most bytes one parse takes from what the socket delivered (nats-py takes 32 KiB): a read that is behind parses all
 that waits at once."""
-GATHER_BELOW = 32 * 1024
-GATHER_WAIT = 0.001
-GATHER_OWED = 1000
-"""A read of fewer than ``GATHER_BELOW`` bytes pauses the socket for ``GATHER_WAIT`` seconds, so that the next read
-takes many messages at once, while the bulk reads in progress are owed at least ``GATHER_OWED`` messages by requests
-already sent: the server goes on sending meanwhile, and a short request's answer is not held up (decision 0024)."""
+GATHER_BELOW = 128 * 1024
+GATHER_OWED = 100
+GATHER_BYTES = 512 * 1024
+GATHER_SPAN = 0.001
+GATHER_MIN_WAIT = 0.0005
+GATHER_MAX_WAIT = 0.02
+"""A read of fewer than ``GATHER_BELOW`` bytes, while the bulk reads in progress are still owed at least
+``GATHER_OWED`` messages by requests already sent, pauses the socket until about ``GATHER_BYTES`` more (or what is
+owed, if less) have arrived at the rate the last read showed, at most ``GATHER_MAX_WAIT`` s (none under
+``GATHER_MIN_WAIT``): the server goes on sending meanwhile, and the next read takes it at once. A read that came
+after a pause arrived during it; one that did not is taken to have arrived within ``GATHER_SPAN`` (decisions 0024 and
+0047)."""
+
+
+def gather_wait(size: int, span: float, left: int, got: int) -> float:
+    """Seconds to pause after a read of ``size`` bytes that arrived over ``span`` s and brought ``got`` owed messages,
+    ``left`` still owed: the time ``GATHER_BYTES``, or the bytes still owed if fewer, take at that rate."""
+    wanted = GATHER_BYTES if got <= 0 else min(GATHER_BYTES, size * left / got)
+    return min(GATHER_MAX_WAIT, wanted * span / max(size, 1))
 
 
 SILENT_MEMORY = 60.0
@@ -132,6 +145,7 @@ class RawClient(_NatsClient):
         after a short read (decision 0024): a reader woken for every few dozen messages spends more CPU on the
         wake-ups than on the messages. Ends as nats-py's does: on close or reconnect; an end of stream, a
         protocol or socket error goes to ``_process_op_err`` (the reconnect)."""
+        paused = 0.0  # how long the socket was paused before this read (0: not paused)
         while not (self.is_closed or self.is_reconnecting) and self._transport is not None:
             try:
                 if self._transport.at_eof():
@@ -141,9 +155,13 @@ class RawClient(_NatsClient):
                     return
                 data = await self._transport.read(READ_SIZE)
                 self.heard_at = time.monotonic()
+                owed = self._owed()
                 await self._ps.parse(data)
-                if len(data) < GATHER_BELOW and self._owed() >= GATHER_OWED:
-                    await self._gather()
+                span, paused = paused or GATHER_SPAN, 0.0
+                if len(data) < GATHER_BELOW and (left := self._owed()) >= GATHER_OWED:
+                    wait = gather_wait(len(data), span, left, owed - left)
+                    if wait >= GATHER_MIN_WAIT and await self._gather(wait):
+                        paused = wait
             except ProtocolError:
                 await self._process_op_err(ProtocolError())
                 return
@@ -272,17 +290,19 @@ class RawClient(_NatsClient):
         """Messages the bulk reads in progress are owed by requests already sent."""
         return sum(owed() for owed in self.gathering.values())
 
-    async def _gather(self) -> None:
-        """Let ``GATHER_WAIT`` of messages collect in the socket's buffer (unless the stream reader paused it)."""
+    async def _gather(self, wait: float) -> bool:
+        """Let ``wait`` s of messages collect in the socket's buffer; False where it was not paused (the stream reader
+        had paused it, or the transport cannot be)."""
         writer = getattr(self._transport, "_io_writer", None)  # TcpTransport
         transport = writer.transport if writer is not None else None
         if transport is None or not transport.is_reading():
-            return
+            return False
         transport.pause_reading()
         try:
-            await asyncio.sleep(GATHER_WAIT)
+            await asyncio.sleep(wait)
         finally:
             transport.resume_reading()
+        return True
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         bulk = self.bulk_handlers.get(sid)
