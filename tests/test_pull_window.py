@@ -84,6 +84,22 @@ def test_a_filled_pull_makes_room_for_the_next_before_its_status():
     assert window.next_requests("pin", NOTHING_BUFFERED, max_payload=1 << 20, in_range=UNBOUNDED) == []
 
 
+def test_a_later_pull_completed_first_leaves_what_the_oldest_owes_owed():
+    """The server may fill a later pull before the oldest (the pin-less first pull often went last): its "Batch
+    Completed" pops the oldest listed, whose rest stays owed, or the next pulls asked for it again (a streaming read
+    in 8 batches had the server send 1.10-1.15 messages per message read)."""
+    window = PullWindow(PullSettings(batch=1000, in_flight=4), "g")
+    window.restart(50_000)
+    window.next_requests(None, NOTHING_BUFFERED, max_payload=1 << 20, in_range=1000)  # the pin-less first pull
+    assert _batches(window.next_requests("pin", NOTHING_BUFFERED, max_payload=1 << 20, in_range=1091)) == [91]
+    window.delivered(91)  # the second pull's: its status comes next
+    window.ended(completed=True)
+    assert window.owed() == 1000
+    assert window.next_requests("pin", NOTHING_BUFFERED, max_payload=1 << 20, in_range=1000) == []
+    window.ended()  # expired: what it still owed is owed no more
+    assert window.owed() == 0
+
+
 def test_pulls_ask_no_more_than_the_range_still_holds():
     """The budget counts the member's messages up to the stream's end: near a range's end the pulls ask for what the
     range holds (``in_range``), or they would bring the next batch's messages, dropped and sent again."""

@@ -271,7 +271,8 @@ class _PinnedPull:
         if code == 409 and description in ("Batch Completed", "Message Size Exceeds MaxBytes"):
             # A pull ended (all its messages or bytes were delivered); a too-large next message
             # gets a pull of its own.
-            self.window.ended(oversize=description != "Batch Completed")
+            completed = description == "Batch Completed"
+            self.window.ended(completed=completed, oversize=not completed)
             self._pull()
             return
         if code in (404, 408):

@@ -96,8 +96,14 @@ class PullWindow:
                 requests[index] = owed - used
                 count -= used
 
-    def ended(self, oversize: bool = False) -> None:
-        """The oldest pull ended (its status arrived); ``oversize``: the next message needs a pull of its own."""
+    def ended(self, completed: bool = False, oversize: bool = False) -> None:
+        """A pull ended (its status arrived); ``completed``: it got all it asked for, ``oversize``: the next message
+        needs a pull of its own. The oldest listed pull goes. A completed pull may be a later one (the server need not
+        fill a consumer's pulls in the order they came; the pin-less first one often went last): what the oldest
+        still owes stays owed, to the next one listed. Otherwise (expired, stopped at ``max_bytes``) it is owed no
+        more."""
         if self.requests:
-            self.requests.popleft()
+            rest = self.requests.popleft()
+            if completed and rest and self.requests:
+                self.requests[0] += rest
         self.oversize = oversize
