@@ -40,18 +40,18 @@ RECONNECT_WAIT = 0.5
 READ_SIZE = 1024 * 1024
 """Most bytes one parse takes from what the socket delivered (nats-py takes 32 KiB): a read that is behind parses all
 that waits at once."""
-GATHER_BELOW = 128 * 1024
+GATHER_BELOW = 64 * 1024
 GATHER_OWED = 100
-GATHER_BYTES = 512 * 1024
+GATHER_BYTES = 256 * 1024
 GATHER_SPAN = 0.001
 GATHER_MIN_WAIT = 0.0005
-GATHER_MAX_WAIT = 0.02
+GATHER_MAX_WAIT = 0.01
 """A read of fewer than ``GATHER_BELOW`` bytes, while the bulk reads in progress are still owed at least
 ``GATHER_OWED`` messages by requests already sent, pauses the socket until about ``GATHER_BYTES`` more (or what is
 owed, if less) have arrived at the rate the last read showed, at most ``GATHER_MAX_WAIT`` s (none under
 ``GATHER_MIN_WAIT``): the server goes on sending meanwhile, and the next read takes it at once. A read that came
-after a pause arrived during it; one that did not is taken to have arrived within ``GATHER_SPAN`` (decisions 0024 and
-0047)."""
+after a pause arrived during it; one that did not, since the read or the publish (a request) before it, or within
+``GATHER_SPAN`` if that is less (decisions 0024 and 0047)."""
 
 
 def gather_wait(size: int, span: float, left: int, got: int) -> float:
@@ -89,6 +89,7 @@ class RawClient(_NatsClient):
         self.silence_timeout = silence_timeout
         self.silenced: dict[str, tuple[float, float]] = {}  # "host:port" -> (when left, seconds it was silent)
         self.heard_at = time.monotonic()  # when bytes last came from a server (``_ping_interval``, ``answering``)
+        self.sent_at = 0.0  # when a message was last published (a request: what comes next is its answer)
         self._tried: dict[str, float] = {}  # "host:port" -> when a reconnect last tried it (``next_server``)
         self._moved: asyncio.Future[None] | None = None  # done at the next reconnect (``moved``)
 
@@ -146,6 +147,7 @@ class RawClient(_NatsClient):
         wake-ups than on the messages. Ends as nats-py's does: on close or reconnect; an end of stream, a
         protocol or socket error goes to ``_process_op_err`` (the reconnect)."""
         paused = 0.0  # how long the socket was paused before this read (0: not paused)
+        read_at = time.monotonic()  # when the last read returned
         while not (self.is_closed or self.is_reconnecting) and self._transport is not None:
             try:
                 if self._transport.at_eof():
@@ -154,10 +156,11 @@ class RawClient(_NatsClient):
                     await self._process_op_err(eof)
                     return
                 data = await self._transport.read(READ_SIZE)
-                self.heard_at = time.monotonic()
+                before, read_at = read_at, time.monotonic()
+                self.heard_at = read_at
                 owed = self._owed()
                 await self._ps.parse(data)
-                span, paused = paused or GATHER_SPAN, 0.0
+                span, paused = paused or min(read_at - max(before, self.sent_at), GATHER_SPAN), 0.0
                 if len(data) < GATHER_BELOW and (left := self._owed()) >= GATHER_OWED:
                     wait = gather_wait(len(data), span, left, owed - left)
                     if wait >= GATHER_MIN_WAIT and await self._gather(wait):
@@ -289,6 +292,11 @@ class RawClient(_NatsClient):
     def _owed(self) -> int:
         """Messages the bulk reads in progress are owed by requests already sent."""
         return sum(owed() for owed in self.gathering.values())
+
+    async def publish(self, *args: Any, **kwargs: Any) -> None:
+        """nats-py's publish, timed: the read loop measures a reply's rate from its request (``GATHER_SPAN``)."""
+        self.sent_at = time.monotonic()
+        await super().publish(*args, **kwargs)
 
     async def _gather(self, wait: float) -> bool:
         """Let ``wait`` s of messages collect in the socket's buffer; False where it was not paused (the stream reader
