@@ -183,7 +183,7 @@ class JetStreamStreamReader(*STREAM_READER_BASES):  # type: ignore[misc]
             from spark_jetstream.worker_heap import settle
 
             context = TaskContext.get()  # a retry or a speculative copy must fence the attempt before it
-            settle(in_task=context is not None)
+            settle()
             first = context is None or context.attemptNumber() == 0
             yield from read_member(conn, value, self.config.pull, first_attempt=first)
 

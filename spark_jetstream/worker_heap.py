@@ -15,11 +15,11 @@ import gc
 _settled = False
 
 
-def settle(in_task: bool) -> None:
-    """Freeze the worker's objects once per process, in a Spark task only (``in_task``): a driver's or a user's process
-    keeps its collector as it is."""
+def settle() -> None:
+    """Freeze the worker's objects once per process, in a Spark task only: a driver's or a user's process keeps its
+    collector as it is."""
     global _settled
-    if _settled or not in_task:
+    if _settled or not in_spark_task():
         return
     gc.collect()
     gc.freeze()

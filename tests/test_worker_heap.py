@@ -9,10 +9,13 @@ import sys
 
 SETTLED = """
 import gc
+from pyspark import TaskContext
 from spark_jetstream.worker_heap import settle
-settle(in_task={in_task})
+if {in_task}:
+    TaskContext._setTaskContext(TaskContext())  # as a Spark Python worker has while it runs a task
+settle()
 first = gc.get_freeze_count()
-settle(in_task={in_task})
+settle()
 print(first, gc.get_freeze_count())
 """
 
@@ -33,11 +36,12 @@ def test_settling_freezes_a_tasks_process_once_and_leaves_any_other_alone():
 def test_a_read_task_settles_its_worker_before_it_reads(monkeypatch):
     """``read_ranges`` (every read task, streaming and batch) settles the worker's heap first, in a task only."""
     import spark_jetstream.read.tasks as tasks
+    import spark_jetstream.worker_heap as worker_heap
     from spark_jetstream.read.ranges import SmallBatch
 
     calls: list[bool] = []
-    monkeypatch.setattr(tasks, "settle", calls.append)
+    monkeypatch.setattr(tasks, "settle", lambda: calls.append(worker_heap.in_spark_task()))
     for in_task in (True, False):
-        monkeypatch.setattr(tasks, "in_spark_task", lambda answer=in_task: answer)
+        monkeypatch.setattr(worker_heap, "in_spark_task", lambda answer=in_task: answer)
         assert list(tasks.read_ranges(None, SmallBatch(ranges=()))) == []  # type: ignore[arg-type]
     assert calls == [True, False]

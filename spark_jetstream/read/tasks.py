@@ -16,12 +16,12 @@ from spark_jetstream.read.kv import kv_rows
 from spark_jetstream.read.kv_latest import LAST_PER_KEY, read_latest
 from spark_jetstream.read.mode import PULL
 from spark_jetstream.read.ranges import SeqRange, SmallBatch
-from spark_jetstream.worker_heap import in_spark_task, settle
+from spark_jetstream.worker_heap import settle
 
 
 def read_ranges(conn: Connection, task: SeqRange | SmallBatch) -> Iterator[pa.RecordBatch]:
     """Yield the messages of ``task``'s ranges, each in seq order, as record batches of the source's schema."""
-    settle(in_spark_task())
+    settle()
     for seq_range in task.ranges if isinstance(task, SmallBatch) else (task,):
         if seq_range.read_mode == LAST_PER_KEY:
             batches = read_latest(conn, seq_range)

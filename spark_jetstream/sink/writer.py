@@ -142,7 +142,7 @@ class JetStreamBatchWriter(DataSourceArrowWriter):
 
         partition = TaskContext.get().partitionId()
         conn = connect(self.config.connection)
-        settle(in_task=True)
+        settle()
         if self.progress is not None:
             return _write_atomic(conn, self.config, self.columns, self.progress, self.write_id, 0, partition, iterator)
         published, duplicates = _publish(conn, self.config, self.columns, iterator, f"{self.write_id}:{partition}:")
@@ -220,7 +220,7 @@ class JetStreamStreamWriter(StreamWriterBase):  # type: ignore[misc,valid-type]
             raise JetStreamError("The streaming writer ran outside a streaming query (no query or batch id).")
         batch_id, partition = int(batch), context.partitionId()
         conn = connect(self.config.connection)
-        settle(in_task=True)
+        settle()
         if self.progress is not None:
             result = _write_atomic(
                 conn, self.config, self.columns, self.progress, query_id, batch_id, partition, iterator
