@@ -158,10 +158,11 @@ class RawClient(_NatsClient):
                 data = await self._transport.read(READ_SIZE)
                 before, read_at = read_at, time.monotonic()
                 self.heard_at = read_at
-                owed = self._owed()
+                short = len(data) < GATHER_BELOW
+                owed = self._owed() if short else 0
                 await self._ps.parse(data)
                 span, paused = paused or min(read_at - max(before, self.sent_at), GATHER_SPAN), 0.0
-                if len(data) < GATHER_BELOW and (left := self._owed()) >= GATHER_OWED:
+                if short and (left := self._owed()) >= GATHER_OWED:
                     wait = gather_wait(len(data), span, left, owed - left)
                     if wait >= GATHER_MIN_WAIT and await self._gather(wait):
                         paused = wait
