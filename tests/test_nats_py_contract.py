@@ -27,7 +27,7 @@ CLIENT_ATTRIBUTES = {
     "_ps": "nats_client.RawClient.__init__ swaps in protocol.FastParser (the lean MSG/HMSG parser)",
     "_subs": "connection.Connection.unsubscribe_raw (sid -> Subscription)",
     "_current_server": "nats_client.RawClient._connect_command, _tls_active, server_address (the URL connected to)",
-    "_transport": "nats_client.RawClient._tls_active (is the connection TLS?), _read_loop (reads), _gather (pauses)",
+    "_transport": "nats_client.RawClient._tls_active (is the connection TLS?), _read_loop (reads; its socket)",
     "_pending": "publish.Publisher.send (appends whole PUB/HPUB commands to the write buffer)",
     "_pending_data_size": "publish.Publisher.send (counts the bytes it appended)",
     "_flush_queue": "publish.Publisher.send (kicks the flusher when it is idle)",
@@ -47,7 +47,7 @@ CLIENT_METHODS = {
         "nats_client.RawClient overrides it; protocol.FastParser calls it for other subscriptions",
     ),
     "_flush_pending": (["force_flush"], "publish.Publisher.send calls it with no argument"),
-    "_read_loop": ([], "nats_client.RawClient overrides it (larger reads, bulk reads gather short ones)"),
+    "_read_loop": ([], "nats_client.RawClient overrides it (larger reads, a socket low-water mark)"),
     "_process_op_err": (
         ["e"],
         "nats_client.RawClient._read_loop hands it a lost connection, _leave_silent a silent one (the reconnect)",
@@ -141,7 +141,7 @@ SOURCE_FACTS = [
         TcpTransport.connect_tls,
         "self._io_writer",
         "a TCP transport keeps its (TLS) stream writer in _io_writer",
-        "nats_client.RawClient._tls_active",
+        "nats_client.RawClient._tls_active, _LowWater.of (the socket under it)",
     ),
 ]
 

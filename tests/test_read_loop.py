@@ -1,5 +1,5 @@
-"""The connection's read loop (``RawClient._read_loop``): a bulk read owed many messages gathers short reads into
-larger ones, and the loop still hands a lost connection to nats-py's reconnect."""
+"""The connection's read loop (``RawClient._read_loop``): a bulk read owed many messages lets the socket gather what
+arrives into larger reads (its low-water mark), and the loop still hands a lost connection to nats-py's reconnect."""
 
 from __future__ import annotations
 
@@ -14,101 +14,119 @@ from helpers import wait_for
 
 from spark_jetstream.client.connection import Connection, ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.client.nats_client import GATHER_BYTES, GATHER_MAX_WAIT, GATHER_OWED, gather_wait
+from spark_jetstream.client.nats_client import GATHER_BYTES, GATHER_LEAST, GATHER_MAX_WAIT, GATHER_OWED, gather_bytes
 from spark_jetstream.testing import EmbeddedServer
 
 MESSAGES = 100
 GAP = 0.0002
-"""Seconds between the messages a raw publisher sends: several arrive within one pause of the read loop."""
+PAYLOAD = 1000
+"""A raw publisher sends ``MESSAGES`` of ``PAYLOAD`` bytes (and their number) ``GAP`` s apart: several arrive within one
+gathering of the read loop."""
 
 
 @contextmanager
-def counted_reads(conn: Connection) -> Iterator[tuple[list[int], list[float]]]:
-    """The sizes of the reads the connection's parser gets meanwhile, and when the read loop paused to gather."""
+def counted_reads(conn: Connection) -> Iterator[tuple[list[int], list[int]]]:
+    """The sizes of the reads the connection's parser gets meanwhile, and the low-water marks the read loop set (0:
+    wake for any byte)."""
     sizes: list[int] = []
-    pauses: list[float] = []
+    marks: list[int] = []
     client = conn.client
-    parse, gather = client._ps.parse, client._gather
+    low_water = client.low_water
+    assert low_water is not None, "a TCP connection's read loop has no low-water mark"
+    parse, wait_for = client._ps.parse, low_water.wait_for
 
     async def counting(data: bytes = b"") -> None:
         sizes.append(len(data))
         await parse(data)
 
-    async def gathering(wait: float) -> bool:
-        pauses.append(time.monotonic())
-        return await gather(wait)
+    def marking(wanted: int) -> None:
+        marks.append(wanted)
+        wait_for(wanted)
 
-    client._ps.parse, client._gather = counting, gathering
+    client._ps.parse, low_water.wait_for = counting, marking  # type: ignore[method-assign]
     try:
-        yield sizes, pauses
+        yield sizes, marks
     finally:
-        del client._ps.parse, client._gather
+        del client._ps.parse, low_water.wait_for
 
 
 def trickle(port: int, subject: str) -> None:
-    """Publish ``MESSAGES`` one at a time, ``GAP`` apart, from a plain socket (not through the connection read)."""
+    """Publish ``MESSAGES`` one at a time, ``GAP`` apart, from a plain socket (not through the connection read): each
+    its number, padded to ``PAYLOAD`` bytes."""
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.recv(4096)  # INFO
         sock.sendall(b"CONNECT %s\r\n" % json.dumps({"verbose": False, "pedantic": False}).encode())
         for n in range(MESSAGES):
-            sock.sendall(b"PUB %s %d\r\n%d\r\n" % (subject.encode(), len(str(n)), n))
+            sock.sendall(b"PUB %s %d\r\n%b\r\n" % (subject.encode(), PAYLOAD, str(n).encode().ljust(PAYLOAD)))
             time.sleep(GAP)
         sock.sendall(b"PING\r\n")
         sock.recv(4096)  # PONG: the server has every message
 
 
-def read_trickle(conn: Connection, port: int, owed: int | None) -> tuple[list[int], list[float]]:
+def read_trickle(conn: Connection, port: int, owed: int | None) -> tuple[list[int], list[int]]:
     """The reads it took a subscription to get a trickle of messages, the subscription saying it is ``owed`` that
-    many messages (None: not a bulk read), and the read loop's pauses meanwhile; checks they all came in order."""
+    many messages (None: not a bulk read), and the low-water marks the read loop set meanwhile; checks they all came
+    in order."""
     got: list[bytes] = []
     says = None if owed is None else lambda: owed
     inbox, sid = conn.run(conn.subscribe_raw(lambda _s, _r, payload, _h: got.append(payload), owed=says))
     conn.run(conn.client.flush())  # the server has the SUB before another connection publishes (else 0 may be lost)
     try:
-        with counted_reads(conn) as (sizes, pauses):
+        with counted_reads(conn) as (sizes, marks):
             trickle(port, inbox)
             wait_for(lambda: len(got) == MESSAGES, 5, lambda: f"{len(got)} of {MESSAGES} messages arrived")
     finally:
         conn.run(conn.unsubscribe_raw(sid))
-    assert got == [str(n).encode() for n in range(MESSAGES)]
-    return sizes, pauses
+    assert got == [str(n).encode().ljust(PAYLOAD) for n in range(MESSAGES)]
+    return sizes, marks
 
 
 @pytest.mark.slow
 def test_a_bulk_read_owed_many_messages_takes_what_arrives_within_the_gather_wait_in_one_read(
     conn: Connection, nats_server
 ):
-    """The read loop pauses after short reads while owed many, and so takes several messages a read. Whether a
-    plain read takes more reads depends on the machine's load (a late loop gathers too): benchmarks measure that
-    (decision 0024); here only the pauses and the bound they set are asserted."""
-    _, unpaused = read_trickle(conn, nats_server.port, owed=None)
-    gathered, paused = read_trickle(conn, nats_server.port, owed=GATHER_OWED)
-    assert unpaused == [], "a subscription that is no bulk read made the read loop pause"
-    assert paused, "a bulk read owed many messages never made the read loop pause"
+    """The read loop sets a low-water mark while owed many, and so takes several messages a read. Whether a plain
+    read takes more reads depends on the machine's load (a late loop gathers too): benchmarks measure that (decision
+    0048); here only the marks and the bound they set are asserted."""
+    _, unmarked = read_trickle(conn, nats_server.port, owed=None)
+    gathered, marks = read_trickle(conn, nats_server.port, owed=GATHER_OWED)
+    assert not any(unmarked), f"a subscription that is no bulk read set low-water marks {unmarked}"
+    assert any(marks), "a bulk read owed many messages never set a low-water mark"
     assert len(gathered) <= MESSAGES / 2, f"{len(gathered)} reads for {MESSAGES} messages {GAP}s apart"
     assert not conn.client.gathering, "an unsubscribed bulk read still gathers"
+    assert conn.run(_mark(conn)) == 1, "the socket still waits for more than a byte once nothing is owed"
+
+
+async def _mark(conn: Connection) -> int:
+    await conn.client.flush()  # a PONG read: the read loop sets the mark it wants now
+    low_water = conn.client.low_water
+    assert low_water is not None
+    return low_water.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT)
 
 
 @pytest.mark.slow
 def test_a_bulk_read_owed_few_messages_is_not_held_up(conn: Connection, nats_server):
-    """A short request's answer (a small Direct Get batch, small pulls) must not wait for a pause: the server has
-    little more to send meanwhile. (Counting reads instead failed in CI: under load a late loop gathers anyway.)"""
-    _, paused = read_trickle(conn, nats_server.port, owed=GATHER_OWED)
+    """A short request's answer (a small Direct Get batch, small pulls) must not wait for a low-water mark: the server
+    has little more to send meanwhile. (Counting reads instead failed in CI: under load a late loop gathers anyway.)"""
+    _, marked = read_trickle(conn, nats_server.port, owed=GATHER_OWED)
     _, few = read_trickle(conn, nats_server.port, owed=GATHER_OWED - 1)
-    assert paused, "the same trickle owed many messages never paused: the test shows nothing"
-    assert few == [], f"a read owed {GATHER_OWED - 1} messages paused {len(few)} times"
+    assert any(marked), "the same trickle owed many messages never set a mark: the test shows nothing"
+    assert not any(few), f"a read owed {GATHER_OWED - 1} messages set low-water marks {few}"
 
 
-def test_a_pause_lasts_while_what_is_owed_arrives_at_the_rate_the_last_read_showed():
-    """The pause after a short read: what ``GATHER_BYTES`` take at the rate the read arrived, or what is still owed
-    if that is less, never more than ``GATHER_MAX_WAIT``."""
-    # 64 KiB in 1 ms, 320 messages of 200 B.
-    assert GATHER_BYTES == 256 * 1024
-    assert gather_wait(65536, 0.001, left=10_000, got=320) == pytest.approx(0.004)
-    assert gather_wait(65536, 0.001, left=640, got=320) == pytest.approx(0.002)  # 128 KiB still owed
-    assert gather_wait(64, 0.01, left=10_000, got=1) == GATHER_MAX_WAIT  # a trickle: the longest pause
+def test_the_mark_is_what_arrives_within_the_longest_wait_at_the_read_s_rate_or_half_what_is_owed():
+    """After a read, the socket waits for what ``GATHER_MAX_WAIT`` brings at the read's rate, or for half the bytes
+    still owed, or ``GATHER_BYTES``, whichever is least; never for less than ``GATHER_LEAST``."""
+    # 64 KiB in 1 ms (64 MiB/s), 320 messages of 200 B.
+    assert (GATHER_BYTES, GATHER_MAX_WAIT, GATHER_LEAST) == (1024 * 1024, 0.02, 4096)
+    assert gather_bytes(65536, 0.001, left=20_000, got=320) == GATHER_BYTES
+    assert gather_bytes(65536, 0.001, left=1_280, got=320) == 128 * 1024  # 256 KiB still owed: half of it
+    assert gather_bytes(65536, 0.01, left=20_000, got=320) == 128 * 1024  # 6.4 MiB/s: what 20 ms bring
+    assert gather_bytes(400, 0.001, left=10_000, got=2) == 8000  # a trickle of 400 KB/s
+    assert gather_bytes(100, 0.001, left=10_000, got=1) == 0  # 100 KB/s: 2 KB in 20 ms, not worth a mark
+    assert gather_bytes(65536, 0.001, left=30, got=320) == 0  # 6 KiB still owed: half is not worth a mark
     # No owed message came (a pull was added meanwhile, or the read was another subscription's): the bytes' bound.
-    assert gather_wait(65536, 0.001, left=500, got=0) == pytest.approx(0.004)
+    assert gather_bytes(65536, 0.001, left=500, got=0) == GATHER_BYTES
 
 
 @pytest.mark.slow

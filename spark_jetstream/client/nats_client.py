@@ -11,6 +11,7 @@ import asyncio
 import logging
 import math
 import re
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,27 +39,28 @@ RECONNECT_WAIT = 0.5
 """Seconds between reconnect attempts to one server."""
 
 READ_SIZE = 1024 * 1024
-"""Most bytes one parse takes from what the socket delivered (nats-py takes 32 KiB): a read that is behind parses all
-that waits at once."""
-GATHER_BELOW = 64 * 1024
+"""Most bytes one socket read takes (asyncio's transport takes 256 KiB, nats-py's parse 32 KiB): a read that is behind
+takes all that waits at once."""
 GATHER_OWED = 100
-GATHER_BYTES = 256 * 1024
+GATHER_BYTES = 1024 * 1024
+GATHER_LEAST = 4 * 1024
 GATHER_SPAN = 0.001
-GATHER_MIN_WAIT = 0.0005
-GATHER_MAX_WAIT = 0.01
-"""A read of fewer than ``GATHER_BELOW`` bytes, while the bulk reads in progress are still owed at least
-``GATHER_OWED`` messages by requests already sent, pauses the socket until about ``GATHER_BYTES`` more (or what is
-owed, if less) have arrived at the rate the last read showed, at most ``GATHER_MAX_WAIT`` s (none under
-``GATHER_MIN_WAIT``): the server goes on sending meanwhile, and the next read takes it at once. A read that came
-after a pause arrived during it; one that did not, since the read or the publish (a request) before it, or within
-``GATHER_SPAN`` if that is less (decisions 0024 and 0047)."""
+GATHER_MAX_WAIT = 0.02
+"""While the bulk reads in progress are still owed at least ``GATHER_OWED`` messages by requests already sent, the
+socket wakes the read loop only once it holds about ``GATHER_BYTES`` (``SO_RCVLOWAT``), or half the bytes still owed,
+or what arrives within ``GATHER_MAX_WAIT`` s at the rate the last read showed, whichever is least, and not for less
+than ``GATHER_LEAST``; after ``GATHER_MAX_WAIT`` s it wakes it for whatever has come. The server goes on sending
+meanwhile. A read that came while the socket gathered arrived since the read before it; one that did not, since the
+read or the publish (a request) before it, or within ``GATHER_SPAN`` if that is less (decisions 0024, 0047, 0048)."""
 
 
-def gather_wait(size: int, span: float, left: int, got: int) -> float:
-    """Seconds to pause after a read of ``size`` bytes that arrived over ``span`` s and brought ``got`` owed messages,
-    ``left`` still owed: the time ``GATHER_BYTES``, or the bytes still owed if fewer, take at that rate."""
-    wanted = GATHER_BYTES if got <= 0 else min(GATHER_BYTES, size * left / got)
-    return min(GATHER_MAX_WAIT, wanted * span / max(size, 1))
+def gather_bytes(size: int, span: float, left: int, got: int) -> int:
+    """Bytes the socket should hold before the next read (0: wake for any), after a read of ``size`` bytes that arrived
+    over ``span`` s and brought ``got`` owed messages, ``left`` still owed: ``GATHER_BYTES``, or half the bytes still
+    owed, or what arrives within ``GATHER_MAX_WAIT`` at that rate, if less."""
+    owed = GATHER_BYTES if got <= 0 else size * left / got / 2
+    wanted = min(GATHER_BYTES, owed, size / max(span, 1e-6) * GATHER_MAX_WAIT)
+    return int(wanted) if wanted >= GATHER_LEAST else 0
 
 
 SILENT_MEMORY = 60.0
@@ -92,6 +94,7 @@ class RawClient(_NatsClient):
         self.sent_at = 0.0  # when a message was last published (a request: what comes next is its answer)
         self._tried: dict[str, float] = {}  # "host:port" -> when a reconnect last tried it (``next_server``)
         self._moved: asyncio.Future[None] | None = None  # done at the next reconnect (``moved``)
+        self.low_water: _LowWater | None = None  # the read loop's socket low-water mark (None: not on a TCP socket)
 
     async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
         """A server that offers TLS without requiring it (``allow_non_tls``) is asked for it: nats-py
@@ -142,41 +145,45 @@ class RawClient(_NatsClient):
         return bool(self._current_server and self._current_server.uri.scheme == "wss")  # aiohttp's websocket
 
     async def _read_loop(self) -> None:
-        """nats-py's read loop, with larger reads and, while bulk reads are owed many messages, a pause of the socket
-        after a short read (decision 0024): a reader woken for every few dozen messages spends more CPU on the
-        wake-ups than on the messages. Ends as nats-py's does: on close or reconnect; an end of stream, a
-        protocol or socket error goes to ``_process_op_err`` (the reconnect)."""
-        paused = 0.0  # how long the socket was paused before this read (0: not paused)
+        """nats-py's read loop, with larger reads and, while bulk reads are owed many messages, a socket that wakes it
+        only once it holds more (``GATHER_OWED``, decision 0048): a reader woken for every few dozen messages spends
+        more CPU on the wake-ups than on the messages. Ends as nats-py's does: on close or reconnect; an end of
+        stream, a protocol or socket error goes to ``_process_op_err`` (the reconnect)."""
+        self.low_water = gather = _LowWater.of(self._transport)
         read_at = time.monotonic()  # when the last read returned
-        while not (self.is_closed or self.is_reconnecting) and self._transport is not None:
-            try:
-                if self._transport.at_eof():
-                    eof = UnexpectedEOF()
-                    await self._error_cb(eof)
-                    await self._process_op_err(eof)
+        try:
+            while not (self.is_closed or self.is_reconnecting) and self._transport is not None:
+                try:
+                    if self._transport.at_eof():
+                        eof = UnexpectedEOF()
+                        await self._error_cb(eof)
+                        await self._process_op_err(eof)
+                        return
+                    data = await self._transport.read(READ_SIZE)
+                    before, read_at = read_at, time.monotonic()
+                    self.heard_at = read_at
+                    gathered = gather is not None and gather.read()
+                    owed = self._owed() if self.gathering else 0
+                    await self._ps.parse(data)
+                    if gather is not None:
+                        left = self._owed() if owed else 0
+                        span = read_at - max(before, self.sent_at)
+                        span = span if gathered else min(span, GATHER_SPAN)
+                        gather.wait_for(gather_bytes(len(data), span, left, owed - left) if left >= GATHER_OWED else 0)
+                except ProtocolError:
+                    await self._process_op_err(ProtocolError())
                     return
-                data = await self._transport.read(READ_SIZE)
-                before, read_at = read_at, time.monotonic()
-                self.heard_at = read_at
-                short = len(data) < GATHER_BELOW
-                owed = self._owed() if short else 0
-                await self._ps.parse(data)
-                span, paused = paused or min(read_at - max(before, self.sent_at), GATHER_SPAN), 0.0
-                if short and (left := self._owed()) >= GATHER_OWED:
-                    wait = gather_wait(len(data), span, left, owed - left)
-                    if wait >= GATHER_MIN_WAIT and await self._gather(wait):
-                        paused = wait
-            except ProtocolError:
-                await self._process_op_err(ProtocolError())
-                return
-            except OSError as exc:
-                await self._process_op_err(exc)
-                return
-            except asyncio.CancelledError:
-                return
-            except Exception:
-                log.exception("nats: reading from the server failed")
-                return
+                except OSError as exc:
+                    await self._process_op_err(exc)
+                    return
+                except asyncio.CancelledError:
+                    return
+                except Exception:
+                    log.exception("nats: reading from the server failed")
+                    return
+        finally:
+            if gather is not None:
+                gather.stop()
 
     async def _ping_interval(self) -> None:
         """Replaces nats-py's pings (every 2 minutes, stale after 2 unanswered): a frozen server or a silent network
@@ -299,20 +306,6 @@ class RawClient(_NatsClient):
         self.sent_at = time.monotonic()
         await super().publish(*args, **kwargs)
 
-    async def _gather(self, wait: float) -> bool:
-        """Let ``wait`` s of messages collect in the socket's buffer; False where it was not paused (the stream reader
-        had paused it, or the transport cannot be)."""
-        writer = getattr(self._transport, "_io_writer", None)  # TcpTransport
-        transport = writer.transport if writer is not None else None
-        if transport is None or not transport.is_reading():
-            return False
-        transport.pause_reading()
-        try:
-            await asyncio.sleep(wait)
-        finally:
-            transport.resume_reading()
-        return True
-
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         bulk = self.bulk_handlers.get(sid)
         if bulk is not None:  # nats-py's parser had this one (rare): give the bulk handler its chance
@@ -325,6 +318,57 @@ class RawClient(_NatsClient):
             await super()._process_msg(sid, subject, reply, data, headers)
         else:
             handler(subject, reply, data, headers)
+
+
+class _LowWater:
+    """The read loop's socket low-water mark (``SO_RCVLOWAT``): the kernel wakes the loop only once the socket holds
+    that many bytes, or its buffer is under pressure; a timer lowers it again after ``GATHER_MAX_WAIT``."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+        self.mark = 0  # bytes the socket waits for (0: any)
+        self.timer: asyncio.TimerHandle | None = None
+        self.armed = False  # a mark was set since the last read
+
+    @classmethod
+    def of(cls, transport: Any) -> _LowWater | None:
+        """The gathering of a TCP connection's socket (TLS on it included); None for a websocket, or where the
+        platform has no ``SO_RCVLOWAT``. Its transport takes up to ``READ_SIZE`` a read."""
+        writer = getattr(transport, "_io_writer", None)  # TcpTransport
+        sock = writer.get_extra_info("socket") if writer is not None else None
+        if sock is None or not hasattr(socket, "SO_RCVLOWAT"):
+            return None
+        if hasattr(writer.transport, "max_size"):  # asyncio's socket transport (without TLS): its bytes a recv
+            writer.transport.max_size = READ_SIZE
+        low_water = cls(sock)
+        return low_water if low_water._set(0) else None
+
+    def read(self) -> bool:
+        """A read returned: whether the socket gathered for it (its bytes arrived since the read before)."""
+        armed, self.armed = self.armed, False
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        return armed
+
+    def wait_for(self, wanted: int) -> None:
+        """Wake the loop once the socket holds ``wanted`` bytes, or after ``GATHER_MAX_WAIT``; 0: for any byte."""
+        if self._set(wanted) and wanted:
+            self.armed = True
+            self.timer = asyncio.get_running_loop().call_later(GATHER_MAX_WAIT, self._set, 0)
+
+    def stop(self) -> None:
+        """The read loop ends: no timer outlives it."""
+        self.read()
+
+    def _set(self, mark: int) -> bool:
+        if mark != self.mark:
+            try:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, max(mark, 1))
+            except OSError:  # closed meanwhile, or the platform refuses it: wake for any byte
+                return False
+            self.mark = mark
+        return True
 
 
 async def open_client(
