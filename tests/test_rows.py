@@ -200,6 +200,26 @@ def test_rows_of_no_partition_are_left_out_of_a_partitioned_read():
     assert batch.to_pydict()["data"] == [b"d1", b"d3"]
 
 
+def test_a_partition_s_rows_and_mixed_rows_get_the_same_columns():
+    """A partition's range (every subject has one partition token) has its token cut off each subject; rows of
+    several partitions are split one by one: both give each row its partition and the rest of its subject."""
+    cases = {
+        "one partition": [b"3.ev.a", b"3.b", b"3.ev.c.d"],
+        "another token that starts alike": [b"3.ev.a", b"31.b", b"3.c"],
+        "several": [b"0.a", b"7.b.c", b"007.d"],
+        "one of nine digits": [b"123456789.a", b"123456789.b"],
+    }
+    for name, subjects in cases.items():
+        rows = RowBuffer()
+        for seq, subject in enumerate(subjects, start=1):
+            rows.add(subject, b"d", seq, seq)
+        got = rows.to_record_batch("S", partitioned=True, include_headers=False).to_pydict()
+        tokens = [subject.split(b".", 1) for subject in subjects]
+        assert got["partition"] == [int(token) for token, _ in tokens], name
+        assert got["subject"] == [rest.decode() for _, rest in tokens], name
+        assert got["stream"] == ["S"] * len(subjects), name
+
+
 def test_times_given_as_text_become_the_timestamp_column():
     """Direct Get's times come as RFC 3339 text, kept back to back and parsed once per batch."""
     rows = RowBuffer(text_times=True)

@@ -92,10 +92,8 @@ _FIRST, _SECOND = _index(0), _index(1)
 def repeated_string(value: str, n: int) -> pa.Array:
     """``value`` ``n`` times as a ``string`` array."""
     data = value.encode()
-    if n * len(data) > _MAX_OFFSET:
-        return pa.array([value] * n, pa.string())
-    offsets = array("i", range(0, (n + 1) * len(data), len(data))) if data else array("i", bytes(4 * (n + 1)))
-    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data * n)])
+    one = pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(array("i", [0, len(data)])), pa.py_buffer(data)])
+    return pa.repeat(one[0], n)
 
 
 def headers_array(blocks: Sequence[bytes | None]) -> pa.Array:
@@ -126,10 +124,18 @@ def _offsets(ends: list[int]) -> pa.Array:
 
 
 def _split_partition(subjects: pa.Array) -> tuple[pa.Array, pa.Array]:
-    """``<p>.<rest>`` subjects -> the partition column and the subjects without their partition token."""
+    """``<p>.<rest>`` subjects (``binary``) -> the partition column and the subjects without their partition token
+    (``string``). Where every subject has the first one's partition token (a partition's range), the token is cut
+    off each and the partition repeated; else each subject is split."""
     import pyarrow.compute as pc
 
-    parts = pc.split_pattern(subjects, ".", max_splits=1)
+    first = subjects[0].as_py() if len(subjects) else b""
+    token = first[: first.find(b".") + 1]
+    if 1 < len(token) <= 10 and token[:-1].isdigit() and pc.all(pc.starts_with(subjects, token)).as_py():
+        partition = pa.Array.from_buffers(pa.int32(), 1, [None, pa.py_buffer(array("i", [int(token[:-1])]))])
+        rest = pc.binary_slice(subjects, len(token), _MAX_OFFSET).cast(pa.string())
+        return pa.repeat(partition[0], len(subjects)), rest
+    parts = pc.split_pattern(subjects.cast(pa.string()), ".", max_splits=1)
     return pc.list_element(parts, _FIRST).cast(pa.int32()), pc.list_element(parts, _SECOND)
 
 
@@ -248,9 +254,10 @@ class RowBuffer:
         keep = None  # which rows are read, when not all are (the group's; not the writer's markers)
         if self.time_ends is None:
             times = pa.Array.from_buffers(_NS_TIME, n, [None, pa.py_buffer(self.times)])
-        else:
-            times = _binary(self.times, self.time_ends, n).cast(pa.string()).cast(_NS_TIME)  # type: ignore[arg-type]
-        subjects = _binary(self.subjects, self.subject_ends, n).cast(pa.string())
+        else:  # the server's RFC 3339 text (ASCII: parsed as it is, or refused)
+            offsets = pa.py_buffer(self.time_ends)  # type: ignore[arg-type]
+            times = pa.Array.from_buffers(pa.string(), n, [None, offsets, pa.py_buffer(self.times)]).cast(_NS_TIME)
+        subjects = _binary(self.subjects, self.subject_ends, n)
         if partitioned:
             import pyarrow.compute as pc  # not at module level: the driver imports this module and needs no pc (~20 ms)
 
@@ -258,8 +265,9 @@ class RowBuffer:
                 partition, subjects = _split_partition(subjects)
             except pa.ArrowInvalid:  # read with ">": a message stored before the stream was partitioned is no
                 keep = pc.match_substring_regex(subjects, "^[0-9]{1,9}[.]")  # partition's: no partition filter has it
-                partition, subjects = _split_partition(pc.if_else(keep, subjects, "0.-"))
+                partition, subjects = _split_partition(pc.if_else(keep, subjects, b"0.-"))
         else:
+            subjects = subjects.cast(pa.string())
             partition = pa.nulls(n, pa.int32())
         if (markers := is_marker(subjects)) is not None:  # the exactly-once writer's bookkeeping, not data
             import pyarrow.compute as pc
