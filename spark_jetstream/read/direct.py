@@ -180,8 +180,12 @@ class _DirectReader:
         self.after_end = 0 if after is None else (after.num_pending or 0) + 1
 
     def _owed(self) -> int:
-        """Messages the current batch may still bring (the server may end it early: bytes, the range's end)."""
-        return 0 if self.batch_done.is_set() else self.requested - self.received
+        """Messages the current batch may still bring (the server may end it early: bytes, the range's end), for the
+        read loop's low-water mark; 0 where unknown: a narrow filtered range asks for its width (``size``), which other
+        subjects' messages mostly fill, and the socket would wait for what never comes."""
+        if self.batch_done.is_set() or (self.after_end is None and self.range.filter != ">"):
+            return 0
+        return self.requested - self.received
 
     async def close(self) -> None:
         if self.sid is not None:
