@@ -64,6 +64,49 @@ def test_tls_with_the_servers_ca(tls_server, pki):
     disconnect(options)
 
 
+@pytest.mark.slow
+def test_a_bulk_read_over_tls_gathers_with_the_low_water_mark_and_reads_every_message(tls_server, pki):
+    """The read loop's low-water mark is set on the socket under TLS (it counts encrypted bytes): a partition's
+    Direct Get read owed thousands of messages sets it, and gets exactly the partition's messages of a read of the
+    whole stream, in order."""
+    from spark_jetstream.client.publish import publish_all
+    from spark_jetstream.groups.layout import partitioned_stream_config
+    from spark_jetstream.read.direct import read_range
+    from spark_jetstream.read.ranges import SeqRange
+
+    options = ConnectionOptions(servers=(tls_server.url,), tls_ca=pki["ca.pem"])
+    conn = connect(options)
+    try:
+        api = JetStreamApi(conn)
+        api.create_stream({**partitioned_stream_config("Gather", "gather.*", 4), "allow_direct": True})
+        publish_all(conn, ((f"gather.k{i % 64}", b"%06d" % i, None) for i in range(20_000)))
+        low_water = conn.client.low_water
+        assert low_water is not None, "a TLS connection's read loop has no low-water mark"
+        marks: list[int] = []
+        wait_for = low_water.wait_for
+
+        def marking(wanted: int) -> None:
+            marks.append(wanted)
+            wait_for(wanted)
+
+        def rows(subject_filter: str) -> list[tuple[int, int, bytes]]:
+            batches = read_range(conn, SeqRange("Gather", subject_filter, 0, 20_000, True))
+            return [(r["partition"], r["seq"], r["data"]) for batch in batches for r in batch.to_pylist()]
+
+        low_water.wait_for = marking  # type: ignore[method-assign]
+        try:
+            partition = rows("1.>")
+        finally:
+            del low_water.wait_for
+        everything = rows(">")
+        assert any(marks), "a read owed thousands of messages over TLS never set a low-water mark"
+        assert len(everything) == 20_000 and partition == [row for row in everything if row[0] == 1]
+        assert 3_000 < len(partition) < 7_000, "the 64 subjects did not spread over the 4 partitions"
+        api.delete_stream("Gather")
+    finally:
+        disconnect(options)
+
+
 def test_tls_without_trusting_the_ca_fails_fast_and_says_so(tls_server):
     started = time.monotonic()
     with pytest.raises(ConnectError, match="TLS handshake with .* failed: check tls.ca"):
