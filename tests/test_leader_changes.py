@@ -104,8 +104,8 @@ def _lead_everything(api: JetStreamApi, cluster: EmbeddedCluster) -> EmbeddedSer
 def _wait_healthy(api: JetStreamApi) -> None:
     """Every replica of the stream and consumer current again (so the next fault starts from a whole cluster)."""
 
-    def infos() -> tuple[dict, dict]:
-        return api.stream_info(STREAM)["cluster"], api.consumer_info(STREAM, CONSUMER)["cluster"]
+    def infos() -> tuple[dict, dict]:  # a server just restarted may answer before it has the group's cluster: not yet
+        return api.stream_info(STREAM).get("cluster") or {}, api.consumer_info(STREAM, CONSUMER).get("cluster") or {}
 
     def healthy() -> bool:
         found = infos()

@@ -332,7 +332,7 @@ class _LowWater:
 
     @classmethod
     def of(cls, transport: Any) -> _LowWater | None:
-        """The gathering of a TCP connection's socket (TLS on it included); None for a websocket, or where the
+        """The low-water mark of a TCP connection's socket (TLS on it included); None for a websocket, or where the
         platform has no ``SO_RCVLOWAT``. Its transport takes up to ``READ_SIZE`` a read."""
         writer = getattr(transport, "_io_writer", None)  # TcpTransport
         sock = writer.get_extra_info("socket") if writer is not None else None
@@ -340,8 +340,7 @@ class _LowWater:
             return None
         if hasattr(writer.transport, "max_size"):  # asyncio's socket transport (without TLS): its bytes a recv
             writer.transport.max_size = READ_SIZE
-        low_water = cls(sock)
-        return low_water if low_water._set(0) else None
+        return cls(sock)
 
     def read(self) -> bool:
         """A read returned: whether the socket gathered for it (its bytes arrived since the read before)."""
@@ -352,8 +351,10 @@ class _LowWater:
         return armed
 
     def wait_for(self, wanted: int) -> None:
-        """Wake the loop once the socket holds ``wanted`` bytes, or after ``GATHER_MAX_WAIT``; 0: for any byte."""
-        if self._set(wanted) and wanted:
+        """Wake the loop once the socket holds ``wanted`` bytes, or after ``GATHER_MAX_WAIT``; 0: for any byte. Whatever
+        mark stays in place (the socket may refuse one), the timer lowers it."""
+        self._set(wanted)
+        if self.mark:
             self.armed = True
             self.timer = asyncio.get_running_loop().call_later(GATHER_MAX_WAIT, self._set, 0)
 
@@ -361,14 +362,14 @@ class _LowWater:
         """The read loop ends: no timer outlives it."""
         self.read()
 
-    def _set(self, mark: int) -> bool:
+    def _set(self, mark: int) -> None:
+        """Set the mark (0: any byte); where the socket refuses it (closed meanwhile, or the platform), it stays."""
         if mark != self.mark:
             try:
                 self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, max(mark, 1))
-            except OSError:  # closed meanwhile, or the platform refuses it: wake for any byte
-                return False
+            except OSError:
+                return
             self.mark = mark
-        return True
 
 
 async def open_client(
