@@ -14,7 +14,14 @@ from helpers import wait_for
 
 from spark_jetstream.client.connection import Connection, ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.client.nats_client import GATHER_BYTES, GATHER_LEAST, GATHER_MAX_WAIT, GATHER_OWED, gather_bytes
+from spark_jetstream.client.nats_client import (
+    GATHER_BYTES,
+    GATHER_LEAST,
+    GATHER_MAX_WAIT,
+    GATHER_OWED,
+    gather_bytes,
+    lowering_wakes,
+)
 from spark_jetstream.testing import EmbeddedServer
 
 MESSAGES = 100
@@ -127,6 +134,14 @@ def test_the_mark_is_what_arrives_within_the_longest_wait_at_the_read_s_rate_or_
     assert gather_bytes(65536, 0.001, left=30, got=320) == 0  # 6 KiB still owed: half is not worth a mark
     # No owed message came (a pull was added meanwhile, or the read was another subscription's): the bytes' bound.
     assert gather_bytes(65536, 0.001, left=500, got=0) == GATHER_BYTES
+
+
+def test_the_mark_is_used_only_where_lowering_it_wakes_the_reader():
+    """Linux 4.18 and later wake the reader when its mark is lowered over bytes already there; elsewhere the read loop
+    reads as nats-py does rather than risk leaving them unread."""
+    assert lowering_wakes("linux", "6.18.44-fc-v1272") and lowering_wakes("linux", "4.18.0-553.el8_10.x86_64")
+    assert not lowering_wakes("linux", "4.14.355-275.amzn2.x86_64") and not lowering_wakes("linux", "unknown")
+    assert not lowering_wakes("darwin", "24.1.0") and not lowering_wakes("win32", "10")
 
 
 @pytest.mark.slow

@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import platform
 import re
 import socket
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -320,6 +322,14 @@ class RawClient(_NatsClient):
             handler(subject, reply, data, headers)
 
 
+def lowering_wakes(system: str, release: str) -> bool:
+    """Whether lowering a socket's ``SO_RCVLOWAT`` wakes its reader for the bytes already there: Linux checks when the
+    mark is set from 4.18 on (``tcp_set_rcvlowat``); nothing says BSD's and macOS's kqueue do, and bytes under a
+    lowered mark could wait there for more. ``system``, ``release``: ``sys.platform``, ``platform.release()``."""
+    found = re.match(r"(\d+)\.(\d+)", release)
+    return system.startswith("linux") and found is not None and (int(found[1]), int(found[2])) >= (4, 18)
+
+
 class _LowWater:
     """The read loop's socket low-water mark (``SO_RCVLOWAT``): the kernel wakes the loop only once the socket holds
     that many bytes, or its buffer is under pressure; a timer lowers it again after ``GATHER_MAX_WAIT``."""
@@ -332,11 +342,12 @@ class _LowWater:
 
     @classmethod
     def of(cls, transport: Any) -> _LowWater | None:
-        """The low-water mark of a TCP connection's socket (TLS on it included); None for a websocket, or where the
-        platform has no ``SO_RCVLOWAT``. Its transport takes up to ``READ_SIZE`` a read."""
+        """The low-water mark of a TCP connection's socket (TLS on it included); None for a websocket, or where
+        lowering the mark may not wake the reader (``lowering_wakes``). Its transport takes up to ``READ_SIZE`` a
+        read."""
         writer = getattr(transport, "_io_writer", None)  # TcpTransport
         sock = writer.get_extra_info("socket") if writer is not None else None
-        if sock is None or not hasattr(socket, "SO_RCVLOWAT"):
+        if sock is None or not hasattr(socket, "SO_RCVLOWAT") or not lowering_wakes(sys.platform, platform.release()):
             return None
         if hasattr(writer.transport, "max_size"):  # asyncio's socket transport (without TLS): its bytes a recv
             writer.transport.max_size = READ_SIZE
