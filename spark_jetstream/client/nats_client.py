@@ -330,6 +330,10 @@ def lowering_wakes(system: str, release: str) -> bool:
     return system.startswith("linux") and found is not None and (int(found[1]), int(found[2])) >= (4, 18)
 
 
+LOWERING_WAKES = hasattr(socket, "SO_RCVLOWAT") and lowering_wakes(sys.platform, platform.release())
+"""Whether this machine's read loops use the socket's low-water mark."""
+
+
 class _LowWater:
     """The read loop's socket low-water mark (``SO_RCVLOWAT``): the kernel wakes the loop only once the socket holds
     that many bytes, or its buffer is under pressure; a timer lowers it again after ``GATHER_MAX_WAIT``."""
@@ -337,41 +341,39 @@ class _LowWater:
     def __init__(self, sock: Any) -> None:
         self.sock = sock
         self.mark = 0  # bytes the socket waits for (0: any)
-        self.timer: asyncio.TimerHandle | None = None
-        self.armed = False  # a mark was set since the last read
+        self.timer: asyncio.TimerHandle | None = None  # set with every mark, until the next read
 
     @classmethod
     def of(cls, transport: Any) -> _LowWater | None:
         """The low-water mark of a TCP connection's socket (TLS on it included); None for a websocket, or where
-        lowering the mark may not wake the reader (``lowering_wakes``). Its transport takes up to ``READ_SIZE`` a
+        lowering the mark may not wake the reader (``LOWERING_WAKES``). Its transport takes up to ``READ_SIZE`` a
         read."""
         writer = getattr(transport, "_io_writer", None)  # TcpTransport
         sock = writer.get_extra_info("socket") if writer is not None else None
-        if sock is None or not hasattr(socket, "SO_RCVLOWAT") or not lowering_wakes(sys.platform, platform.release()):
+        if sock is None or not LOWERING_WAKES:
             return None
         if hasattr(writer.transport, "max_size"):  # asyncio's socket transport (without TLS): its bytes a recv
             writer.transport.max_size = READ_SIZE
         return cls(sock)
 
     def read(self) -> bool:
-        """A read returned: whether the socket gathered for it (its bytes arrived since the read before)."""
-        armed, self.armed = self.armed, False
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        return armed
+        """A read returned: whether the socket gathered for it (a mark was set after the read before)."""
+        gathered = self.timer is not None
+        self.stop()
+        return gathered
 
     def wait_for(self, wanted: int) -> None:
         """Wake the loop once the socket holds ``wanted`` bytes, or after ``GATHER_MAX_WAIT``; 0: for any byte. Whatever
         mark stays in place (the socket may refuse one), the timer lowers it."""
         self._set(wanted)
         if self.mark:
-            self.armed = True
             self.timer = asyncio.get_running_loop().call_later(GATHER_MAX_WAIT, self._set, 0)
 
     def stop(self) -> None:
-        """The read loop ends: no timer outlives it."""
-        self.read()
+        """No timer outlives a read, nor the read loop."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def _set(self, mark: int) -> None:
         """Set the mark (0: any byte); where the socket refuses it (closed meanwhile, or the platform), it stays."""

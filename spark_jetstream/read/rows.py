@@ -82,7 +82,7 @@ def _binary(values: bytes | bytearray, ends: array, n: int) -> pa.Array:
 
 
 def _index(i: int) -> pa.Scalar:
-    """An int32 scalar for ``pc.list_element`` (a Python int there goes through ``pa.scalar``)."""
+    """An int32 scalar (a Python int given to pyarrow goes through ``pa.scalar``)."""
     return pa.Array.from_buffers(pa.int32(), 1, [None, pa.py_buffer(array("i", [i]))])[0]
 
 
@@ -132,9 +132,8 @@ def _split_partition(subjects: pa.Array) -> tuple[pa.Array, pa.Array]:
     first = subjects[0].as_py() if len(subjects) else b""
     token = first[: first.find(b".") + 1]
     if 1 < len(token) <= 10 and token[:-1].isdigit() and pc.all(pc.starts_with(subjects, token)).as_py():
-        partition = pa.Array.from_buffers(pa.int32(), 1, [None, pa.py_buffer(array("i", [int(token[:-1])]))])
         rest = pc.binary_slice(subjects, len(token), _MAX_OFFSET).cast(pa.string())
-        return pa.repeat(partition[0], len(subjects)), rest
+        return pa.repeat(_index(int(token[:-1])), len(subjects)), rest
     parts = pc.split_pattern(subjects.cast(pa.string()), ".", max_splits=1)
     return pc.list_element(parts, _FIRST).cast(pa.int32()), pc.list_element(parts, _SECOND)
 
