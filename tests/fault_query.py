@@ -106,6 +106,30 @@ class Running:
         wait_for(done, WAIT, what, poll=0.2, check=self.check)
 
 
+def where_it_stands(query: StreamingQuery, api: JetStreamApi, stream: str, checkpoint: Path) -> str:
+    """What a wait that timed out found: the last commits, the query's last progress (offsets, the batch's
+    durations), the stream's state as its leader answers it: a stall named in the failure, not guessed after it."""
+    progress = query.lastProgress or {}
+    sources = [
+        {key: source.get(key) for key in ("startOffset", "endOffset", "latestOffset", "numInputRows")}
+        for source in progress.get("sources", [])
+    ]
+    try:
+        state = api.stream_info(stream)["state"]
+        shown = {key: state.get(key) for key in ("first_seq", "last_seq", "messages")}
+    except Exception as exc:  # a clue, not the failure
+        shown = {"stream info failed": repr(exc)}
+    try:
+        committed = commits(checkpoint)[-3:]
+    except Exception as exc:
+        committed = [repr(exc)]
+    return (
+        f"last commits {committed}; last progress at {progress.get('timestamp')}: batch "
+        f"{progress.get('batchId')}, durations {progress.get('durationMs')}, sources {sources}; stream {shown}; "
+        f"query status {query.status}"
+    )
+
+
 def ride_through(
     case: str,
     fault: str,
@@ -161,7 +185,10 @@ def ride_through(
 
         publisher.stop()
         last = api.stream_info(stream)["state"]["last_seq"]
-        running.wait_for(lambda: any(seq == last for _, seq in commits(checkpoint)), f"a commit through seq {last}")
+        running.wait_for(
+            lambda: any(seq == last for _, seq in commits(checkpoint)),
+            lambda: f"a commit through seq {last}; {where_it_stands(query, api, stream, checkpoint)}",
+        )
         running.wait_for(
             lambda: (
                 {c: api.consumer_info(stream, c)["ack_floor"]["stream_seq"] for c in CONSUMERS}

@@ -4,6 +4,7 @@ it."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -105,14 +106,19 @@ class EmbeddedCluster:
         self.close()
 
 
+_MADE = itertools.count()
+"""Isolated networks this process made (their names' second part)."""
+
+
 class IsolatedNetwork:
     """A bridge of its own with ``size`` network namespaces on it, each reached from this one at its own address
     (``hosts``, in 10.77.<n>.0/24). ``cut`` takes a namespace's link down and up again: a partition that drops
-    packets both ways and sends no reset. Needs root and iproute2; names carry this process's id, so parallel test
-    processes do not meet, and ``close`` removes everything."""
+    packets both ways and sends no reset. Needs root and iproute2; names carry this process's id and a count of its
+    networks, so parallel test processes do not meet, nor one network with the last one's veth pairs, which live on
+    until the namespace's last process is gone; ``close`` removes everything."""
 
     def __init__(self, size: int) -> None:
-        tag = f"{os.getpid() % 100_000:05d}"
+        tag = f"{os.getpid() % 100_000:05d}{next(_MADE) % 100:02d}"
         taken = subprocess.run([IP_BINARY, "-o", "-4", "addr"], capture_output=True, text=True, check=True).stdout
         subnet = next(n for n in range(os.getpid() % 200 + 1, 256) if f" 10.77.{n}." not in taken)
         self.bridge = f"sjb{tag}"
