@@ -41,10 +41,9 @@ class Lagging:
         self.cluster, self.api, self.stream = cluster, api, stream
         self.cut: tuple[EmbeddedServer, EmbeddedServer] | None = None
         self.lock = threading.Lock()
-        self.why = ""  # why ``start`` gave up: where the leaders were
 
-    def start(self) -> tuple[EmbeddedServer, int] | None:
-        """The third server (neither leader) and the last seq stored; None: the consumer's leader moved."""
+    def start(self) -> tuple[EmbeddedServer, int] | str:
+        """The third server (neither leader) and the last seq stored; or where the leaders went instead."""
         api, stream, servers = self.api, self.stream, self.cluster.servers
         api.create_stream(
             partitioned_stream_config(stream, f"{stream.lower()}.*", 1, num_replicas=3, allow_direct=True)
@@ -58,8 +57,7 @@ class Lagging:
         leader = next(s for s in servers if s.name == api.stream_info(stream)["cluster"]["leader"])
         behind = next(s for s in servers if s.name == api.consumer_info(stream, "g-0")["cluster"]["leader"])
         if leader is behind:
-            self.why = f"both leaders on {leader.name} after the step-downs"
-            return None
+            return f"both leaders on {leader.name} after the step-downs"
         third = next(server for server in servers if server not in (leader, behind))
         self.cut = (leader, behind)
         self.cluster.cut_between(leader, behind)
@@ -68,11 +66,10 @@ class Lagging:
         info = api.consumer_info(stream, "g-0")
         if (info["cluster"].get("leader"), info["num_pending"]) == (behind.name, 0):
             return third, last
-        self.why = (
+        return (
             f"cut {leader.name} from {behind.name}; then the consumer's leader {info['cluster'].get('leader')} "
             f"with {info['num_pending']} pending"
         )
-        return None
 
     def heal(self) -> None:
         with self.lock:
@@ -94,8 +91,8 @@ def test_a_pull_read_whose_consumer_leader_is_behind_the_stream_leader_waits_for
         lagging = Lagging(isolated_cluster, api, stream)
         try:
             started = lagging.start()
-            if started is None:
-                tried.append(lagging.why)
+            if isinstance(started, str):
+                tried.append(started)
                 continue
             third, last = started
             healer = threading.Timer(CUT, lagging.heal)

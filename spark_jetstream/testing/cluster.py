@@ -115,7 +115,7 @@ class IsolatedNetwork:
     (``hosts``, in 10.77.<n>.0/24). ``cut`` takes a namespace's link down and up again: a partition that drops
     packets both ways and sends no reset. Needs root and iproute2; names carry this process's id and a count of its
     networks, so parallel test processes do not meet, nor one network with the last one's veth pairs, which live on
-    until the namespace's last process is gone; ``close`` removes everything."""
+    while anything still holds their namespace (a closing socket); ``close`` removes everything."""
 
     def __init__(self, size: int) -> None:
         tag = f"{os.getpid() % 100_000:05d}{next(_MADE) % 100:02d}"
