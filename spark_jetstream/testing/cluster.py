@@ -12,7 +12,10 @@ import time
 import urllib.request
 from collections.abc import Iterable
 
-from spark_jetstream.errors import JetStreamError
+from spark_jetstream.client import retry
+from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
+from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.errors import ApiError, JetStreamError
 from spark_jetstream.testing.server import IP_BINARY, EmbeddedServer, free_port
 
 
@@ -50,6 +53,7 @@ class EmbeddedCluster:
             for server in self.servers:
                 server.wait_ready(wait)
             self.wait_for_meta_leader(wait, all_current=True)
+            self._wait_for_placement(wait)
         except BaseException:
             self.close()  # the servers, and an isolated network's namespaces
             raise
@@ -67,6 +71,34 @@ class EmbeddedCluster:
             time.sleep(0.1)
         peers = " seeing every server current" if all_current else ""
         raise JetStreamError(f"JetStream cluster elected no meta leader{peers} within {wait:g}s.")
+
+    def _wait_for_placement(self, wait: float) -> None:
+        """Place a probe stream on every server and publish to it through each: a meta leader seeing every peer
+        current may not have a peer's JetStream statistics yet ("no suitable peers for placement, peer offline"), and a
+        server may not know the new leader's interest yet (503, no responders): both failed a CI run's first tests."""
+        options = ConnectionOptions(servers=tuple(server.url for server in self.servers), request_timeout=wait)
+        api = JetStreamApi(connect(options))
+        config = {"name": "SJC_PROBE", "subjects": ["sjc.probe"], "num_replicas": len(self.servers)}
+        deadline = time.monotonic() + wait
+        try:
+            while True:
+                try:
+                    api.create_stream(config)
+                    break
+                except ApiError as exc:
+                    if time.monotonic() > deadline:
+                        raise JetStreamError(f"The cluster placed no probe stream within {wait:g}s: {exc}") from exc
+                    time.sleep(0.1)
+            for server in self.servers:
+                alone = ConnectionOptions(servers=(server.url,), request_timeout=wait)
+                try:
+                    one = connect(alone)
+                    one.run(retry.request(one, "sjc.probe", b"probe"), timeout=wait + 5)
+                finally:
+                    disconnect(alone)
+            api.delete_stream("SJC_PROBE")
+        finally:
+            disconnect(options)
 
     def _peers_current(self, leader: str) -> bool:
         server = next((s for s in self.servers if s.name == leader), None)
