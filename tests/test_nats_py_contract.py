@@ -8,6 +8,7 @@ names where the package uses it. Only the last test needs a server (what exists 
 
 from __future__ import annotations
 
+import asyncio
 import configparser
 import inspect
 from importlib.metadata import version
@@ -27,7 +28,7 @@ CLIENT_ATTRIBUTES = {
     "_ps": "nats_client.RawClient.__init__ swaps in protocol.FastParser (the lean MSG/HMSG parser)",
     "_subs": "connection.Connection.unsubscribe_raw (sid -> Subscription)",
     "_current_server": "nats_client.RawClient._connect_command, _tls_active, server_address (the URL connected to)",
-    "_transport": "nats_client.RawClient._tls_active (is the connection TLS?), _read_loop (reads; its socket)",
+    "_transport": "nats_client.RawClient._tls_active (is the connection TLS?), _read_loop (its socket and protocol)",
     "_pending": "publish.Publisher.send (appends whole PUB/HPUB commands to the write buffer)",
     "_pending_data_size": "publish.Publisher.send (counts the bytes it appended)",
     "_flush_queue": "publish.Publisher.send (kicks the flusher when it is idle)",
@@ -47,7 +48,7 @@ CLIENT_METHODS = {
         "nats_client.RawClient overrides it; protocol.FastParser calls it for other subscriptions",
     ),
     "_flush_pending": (["force_flush"], "publish.Publisher.send calls it with no argument"),
-    "_read_loop": ([], "nats_client.RawClient overrides it (larger reads, a socket low-water mark)"),
+    "_read_loop": ([], "nats_client.RawClient overrides it (reads into the parser's buffer, a socket low-water mark)"),
     "_process_op_err": (
         ["e"],
         "nats_client.RawClient._read_loop hands it a lost connection, _leave_silent a silent one (the reconnect)",
@@ -141,7 +142,25 @@ SOURCE_FACTS = [
         TcpTransport.connect_tls,
         "self._io_writer",
         "a TCP transport keeps its (TLS) stream writer in _io_writer",
-        "nats_client.RawClient._tls_active, _LowWater.of (the socket under it)",
+        "nats_client.RawClient._tls_active, _LowWater.of (the socket under it), _Feed.of (its transport)",
+    ),
+    (
+        TcpTransport.connect_tls,
+        "self._io_reader, self._io_writer = reader, writer",
+        "a TLS connection's stream reader is _io_reader, as a plain one's",
+        "nats_client._Feed.of (what it read before the switch; the end of the stream)",
+    ),
+    (
+        TcpTransport.at_eof,
+        "return self._io_reader.at_eof()",
+        "the end of the stream is the stream reader's, which the feed's protocol still feeds",
+        "nats_client.RawClient._read_loop",
+    ),
+    (
+        asyncio.StreamReader.read,
+        "del self._buffer[:n]",
+        "a stream reader holds what it read and nobody took yet in _buffer (a bytearray)",
+        "nats_client._Feed.of (moves it into the parser's buffer)",
     ),
 ]
 
@@ -200,12 +219,15 @@ def test_the_raw_client_keeps_its_parser():
 
 def test_internals_of_a_connected_client(conn):
     """What exists only once connected: the server's version (public, but set only by the connect), the
-    flusher's queue, the TCP writer, sids."""
+    flusher's queue, the TCP writer and the read loop's feed as its transport's protocol, sids."""
+    from spark_jetstream.client.nats_client import _Feed
+
     client = conn.client
     version = client.connected_server_version
     assert (version.major, version.minor) >= (2, 15), version
     assert client._flush_queue is not None
     assert client._transport._io_writer is not None
+    assert isinstance(client._transport._io_writer.transport.get_protocol(), _Feed)
     _, sid = conn.run(conn.subscribe_raw(lambda *_: None))
     try:
         assert client._subs[sid]._id == sid

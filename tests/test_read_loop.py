@@ -1,24 +1,31 @@
 """The connection's read loop (``RawClient._read_loop``): a bulk read owed many messages lets the socket gather what
-arrives into larger reads (its low-water mark), and the loop still hands a lost connection to nats-py's reconnect."""
+arrives into larger reads (its low-water mark), the socket's bytes go straight into the parser's buffer (``_Feed``),
+and the loop still hands a lost connection to nats-py's reconnect."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
 from helpers import wait_for
+from nats.aio.transport import TcpTransport
 
 from spark_jetstream.client.connection import Connection, ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
 from spark_jetstream.client.nats_client import (
+    FEED_AHEAD,
     GATHER_BYTES,
     GATHER_LEAST,
     GATHER_MAX_WAIT,
     GATHER_OWED,
+    READ_SIZE,
+    _Feed,
     gather_bytes,
     lowering_wakes,
 )
@@ -33,8 +40,8 @@ gathering of the read loop."""
 
 @contextmanager
 def counted_reads(conn: Connection) -> Iterator[tuple[list[int], list[int]]]:
-    """The sizes of the reads the connection's parser gets meanwhile, and the low-water marks the read loop set (0:
-    wake for any byte)."""
+    """One entry per read the connection's parser gets meanwhile, and the low-water marks the read loop set (0: wake
+    for any byte)."""
     sizes: list[int] = []
     marks: list[int] = []
     client = conn.client
@@ -161,3 +168,83 @@ def test_the_read_loop_hands_a_lost_connection_to_the_reconnect(tmp_path):
     finally:
         disconnect(options)
         server.close()
+
+
+async def _feed_pair(buf: bytearray, early: bytes = b"") -> tuple[_Feed, socket.socket, TcpTransport]:
+    """A feed on one end of a socket pair, as the read loop sets it on nats-py's TCP transport (kept: its stream
+    writer closes the socket when collected); ``early``: bytes the stream reader read before the switch."""
+    ours, peer = socket.socketpair()
+    reader, writer = await asyncio.open_connection(sock=ours)
+    if early:
+        peer.sendall(early)
+        while len(reader._buffer) < len(early):
+            await asyncio.sleep(0.01)
+    transport = TcpTransport()
+    transport._io_reader, transport._io_writer = reader, writer
+    feed = _Feed.of(transport, buf)
+    assert feed is not None
+    return feed, peer, transport
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not within 5 s")
+
+
+def test_the_feed_puts_every_byte_in_the_parsers_buffer_in_order_even_while_a_handler_holds_it():
+    """What the stream reader read before the switch comes first; bytes that come while the parser holds a view of
+    its buffer (a handler awaiting mid-parse) wait, and so do those after them, until the parse is over."""
+
+    async def scenario() -> None:
+        buf = bytearray()
+        feed, peer, _transport = await _feed_pair(buf, early=b"early")
+        assert await feed.wait() == 5 and buf == b"early"
+        feed.parsed()
+        held = memoryview(buf)
+        peer.sendall(b"-one")
+        await _until(lambda: feed.size == 4)
+        held.release()
+        peer.sendall(b"-two")
+        await _until(lambda: feed.size == 8)
+        assert buf == b"early", "bytes passed others that wait"
+        feed.parsed()
+        assert buf == b"early-one-two" and await feed.wait() == 8
+        feed.parsed()
+        peer.close()
+        assert await feed.wait() == 0 and feed.reader.at_eof()
+
+    asyncio.run(scenario())
+
+
+def test_the_feed_stops_reading_the_socket_while_the_parser_is_behind_and_hands_it_back_when_the_loop_ends():
+    """More than ``FEED_AHEAD`` bytes between two parses: the socket keeps the rest until the next parse. After the
+    read loop, what comes goes to the stream reader again (a reconnect's old socket feeds nothing into the parser)."""
+    sent = bytes(range(256)) * (6 * READ_SIZE // 256)
+
+    async def scenario() -> None:
+        buf = bytearray()
+        feed, peer, transport = await _feed_pair(buf)
+        sender = threading.Thread(target=peer.sendall, args=(sent,))
+        sender.start()
+        got, pauses = bytearray(), 0
+        while len(got) < len(sent):
+            await _until(lambda: feed.size > 0)
+            await asyncio.sleep(0.1)  # a parse that comes late
+            pauses += feed.paused
+            assert len(buf) == feed.size <= FEED_AHEAD + READ_SIZE
+            assert feed.paused == (not feed.transport.is_reading())
+            got += buf
+            del buf[:]
+            feed.parsed()
+        sender.join(5)
+        assert got == sent and pauses > 0
+        feed.close()
+        peer.sendall(b"after")
+        assert await asyncio.wait_for(transport.read(5), 5) == b"after"
+        assert not buf and not feed.buf
+        peer.close()
+
+    asyncio.run(scenario())

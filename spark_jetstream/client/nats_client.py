@@ -41,8 +41,10 @@ RECONNECT_WAIT = 0.5
 """Seconds between reconnect attempts to one server."""
 
 READ_SIZE = 1024 * 1024
-"""Most bytes one socket read takes (asyncio's transport takes 256 KiB, nats-py's parse 32 KiB): a read that is behind
-takes all that waits at once."""
+"""Most bytes one socket read takes (``_Feed``; asyncio's stream reader takes 256 KiB, nats-py's parse 32 KiB): a read
+that is behind takes all that waits at once."""
+FEED_AHEAD = 4 * READ_SIZE
+"""Most bytes the socket hands the parser's buffer between two parses; then it keeps the rest until the next."""
 GATHER_OWED = 100
 GATHER_BYTES = 1024 * 1024
 GATHER_LEAST = 4 * 1024
@@ -147,11 +149,13 @@ class RawClient(_NatsClient):
         return bool(self._current_server and self._current_server.uri.scheme == "wss")  # aiohttp's websocket
 
     async def _read_loop(self) -> None:
-        """nats-py's read loop, with larger reads and, while bulk reads are owed many messages, a socket that wakes it
-        only once it holds more (``GATHER_OWED``, decision 0048): a reader woken for every few dozen messages spends
-        more CPU on the wake-ups than on the messages. Ends as nats-py's does: on close or reconnect; an end of
-        stream, a protocol or socket error goes to ``_process_op_err`` (the reconnect)."""
+        """nats-py's read loop, with the socket's bytes read straight into the parser's buffer (``_Feed``, decision
+        0049) and, while bulk reads are owed many messages, a socket that wakes it only once it holds more
+        (``GATHER_OWED``, decision 0048): a reader woken for every few dozen messages spends more CPU on the wake-ups
+        than on the messages. Ends as nats-py's does: on close or reconnect; an end of stream, a protocol or socket
+        error goes to ``_process_op_err`` (the reconnect)."""
         self.low_water = gather = _LowWater.of(self._transport)
+        feed = _Feed.of(self._transport, self._ps.buf)
         read_at = time.monotonic()  # when the last read returned
         try:
             while not (self.is_closed or self.is_reconnecting) and self._transport is not None:
@@ -161,17 +165,24 @@ class RawClient(_NatsClient):
                         await self._error_cb(eof)
                         await self._process_op_err(eof)
                         return
-                    data = await self._transport.read(READ_SIZE)
+                    if feed is not None:
+                        size = await feed.wait()
+                        data = b""
+                    else:
+                        data = await self._transport.read(READ_SIZE)
+                        size = len(data)
                     before, read_at = read_at, time.monotonic()
                     self.heard_at = read_at
                     gathered = gather is not None and gather.read()
                     owed = self._owed() if self.gathering else 0
                     await self._ps.parse(data)
+                    if feed is not None:
+                        feed.parsed()
                     if gather is not None:
                         left = self._owed() if owed else 0
                         span = read_at - max(before, self.sent_at)
                         span = span if gathered else min(span, GATHER_SPAN)
-                        gather.wait_for(gather_bytes(len(data), span, left, owed - left) if left >= GATHER_OWED else 0)
+                        gather.wait_for(gather_bytes(size, span, left, owed - left) if left >= GATHER_OWED else 0)
                 except ProtocolError:
                     await self._process_op_err(ProtocolError())
                     return
@@ -186,6 +197,8 @@ class RawClient(_NatsClient):
         finally:
             if gather is not None:
                 gather.stop()
+            if feed is not None:
+                feed.close()
 
     async def _ping_interval(self) -> None:
         """Replaces nats-py's pings (every 2 minutes, stale after 2 unanswered): a frozen server or a silent network
@@ -334,6 +347,104 @@ LOWERING_WAKES = hasattr(socket, "SO_RCVLOWAT") and lowering_wakes(sys.platform,
 """Whether this machine's read loops use the socket's low-water mark."""
 
 
+class _Feed(asyncio.BufferedProtocol):
+    """The connection's protocol while the read loop runs: each socket read lands in one buffer and is copied into the
+    parser's, where asyncio's stream reader copies it three times and the parser once more (decision 0049). Everything
+    else (the end of the stream, a lost connection, the writer's flow control) is left to the stream reader's
+    protocol, as before."""
+
+    def __init__(self, transport: asyncio.BaseTransport, original: Any, reader: asyncio.StreamReader, buf: bytearray):
+        self.transport = transport
+        self.original = original
+        self.reader = reader
+        self.buf = buf  # the parser's
+        self.area = memoryview(bytearray(READ_SIZE))  # what each socket read fills
+        self.size = 0  # bytes added since the last parse
+        self.waiter: asyncio.Future[None] | None = None
+        self.paused = False
+        self.spilled: list[bytes] = []  # bytes that came while the parser's buffer could not grow
+
+    @classmethod
+    def of(cls, transport: Any, buf: bytearray) -> _Feed | None:
+        """The feed of a TCP connection (TLS on it included), set as its protocol; None for a websocket."""
+        writer = getattr(transport, "_io_writer", None)  # TcpTransport
+        reader = getattr(transport, "_io_reader", None)
+        if writer is None or reader is None or writer.transport.is_closing():
+            return None
+        feed = cls(writer.transport, writer.transport.get_protocol(), reader, buf)
+        if reader._buffer:  # read by the stream reader before the switch
+            feed.size = len(reader._buffer)
+            buf += reader._buffer
+            reader._buffer.clear()
+        writer.transport.set_protocol(feed)
+        return feed
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.area
+
+    def buffer_updated(self, nbytes: int) -> None:
+        data = self.area[:nbytes]
+        try:
+            if self.spilled:
+                raise BufferError  # after bytes that wait: in order
+            self.buf += data
+        except BufferError:  # a handler awaits while the parser holds a view of its buffer: added after the parse
+            self.spilled.append(bytes(data))
+        self.size += nbytes
+        if self.size > FEED_AHEAD and not self.paused:  # the read loop is busy elsewhere: the socket keeps the rest
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool | None:
+        keep_open = self.original.eof_received()
+        self._wake()
+        return keep_open
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.original.connection_lost(exc)
+        self._wake()
+
+    def pause_writing(self) -> None:
+        self.original.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.original.resume_writing()
+
+    def close(self) -> None:
+        """The read loop ended (a reconnect, a close): what still comes goes to the stream reader, as before."""
+        self.buf = bytearray()
+        self.transport.set_protocol(self.original)
+        if self.paused:
+            self.transport.resume_reading()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def wait(self) -> int:
+        """Bytes added since the last parse, once there are any, or 0 at the end of the stream; a lost connection's
+        error raised (as the stream reader's ``read``)."""
+        while not self.size:
+            if (exc := self.reader.exception()) is not None:
+                raise exc
+            if self.reader.at_eof():
+                return 0
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+        return self.size
+
+    def parsed(self) -> None:
+        """The parser took what was added; what came meanwhile and could not be added is, for the next parse."""
+        self.size = sum(map(len, self.spilled))
+        for data in self.spilled:
+            self.buf += data
+        self.spilled.clear()
+        if self.paused:
+            self.paused = False
+            self.transport.resume_reading()
+
+
 class _LowWater:
     """The read loop's socket low-water mark (``SO_RCVLOWAT``): the kernel wakes the loop only once the socket holds
     that many bytes, or its buffer is under pressure; a timer lowers it again after ``GATHER_MAX_WAIT``."""
@@ -346,14 +457,11 @@ class _LowWater:
     @classmethod
     def of(cls, transport: Any) -> _LowWater | None:
         """The low-water mark of a TCP connection's socket (TLS on it included); None for a websocket, or where
-        lowering the mark may not wake the reader (``LOWERING_WAKES``). Its transport takes up to ``READ_SIZE`` a
-        read."""
+        lowering the mark may not wake the reader (``LOWERING_WAKES``)."""
         writer = getattr(transport, "_io_writer", None)  # TcpTransport
         sock = writer.get_extra_info("socket") if writer is not None else None
         if sock is None or not LOWERING_WAKES:
             return None
-        if hasattr(writer.transport, "max_size"):  # asyncio's socket transport (without TLS): its bytes a recv
-            writer.transport.max_size = READ_SIZE
         return cls(sock)
 
     def read(self) -> bool:
