@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import pytest
 from helpers import wait_for
 from nats.aio.transport import TcpTransport
+from nats.protocol.parser import Parser
 
 from spark_jetstream.client.connection import Connection, ConnectionOptions, connect, disconnect
 from spark_jetstream.client.jsapi import JetStreamApi
@@ -170,7 +171,7 @@ def test_the_read_loop_hands_a_lost_connection_to_the_reconnect(tmp_path):
         server.close()
 
 
-async def _feed_pair(buf: bytearray, early: bytes = b"") -> tuple[_Feed, socket.socket, TcpTransport]:
+async def _feed_pair(parser: Parser, early: bytes = b"") -> tuple[_Feed, socket.socket, TcpTransport]:
     """A feed on one end of a socket pair, as the read loop sets it on nats-py's TCP transport (kept: its stream
     writer closes the socket when collected); ``early``: bytes the stream reader read before the switch."""
     ours, peer = socket.socketpair()
@@ -181,7 +182,7 @@ async def _feed_pair(buf: bytearray, early: bytes = b"") -> tuple[_Feed, socket.
             await asyncio.sleep(0.01)
     transport = TcpTransport()
     transport._io_reader, transport._io_writer = reader, writer
-    feed = _Feed.of(transport, buf)
+    feed = _Feed.of(transport, parser)
     assert feed is not None
     return feed, peer, transport
 
@@ -199,8 +200,9 @@ def test_the_feed_puts_every_byte_in_the_parsers_buffer_in_order_even_while_a_ha
     its buffer (a handler awaiting mid-parse) wait, and so do those after them, until the parse is over."""
 
     async def scenario() -> None:
-        buf = bytearray()
-        feed, peer, _transport = await _feed_pair(buf, early=b"early")
+        parser = Parser()
+        buf = parser.buf
+        feed, peer, _transport = await _feed_pair(parser, early=b"early")
         assert await feed.wait() == 5 and buf == b"early"
         feed.parsed()
         held = memoryview(buf)
@@ -225,8 +227,9 @@ def test_the_feed_stops_reading_the_socket_while_the_parser_is_behind_and_hands_
     sent = bytes(range(256)) * (6 * READ_SIZE // 256)
 
     async def scenario() -> None:
-        buf = bytearray()
-        feed, peer, transport = await _feed_pair(buf)
+        parser = Parser()
+        buf = parser.buf
+        feed, peer, transport = await _feed_pair(parser)
         sender = threading.Thread(target=peer.sendall, args=(sent,))
         sender.start()
         got, pauses = bytearray(), 0
@@ -244,7 +247,7 @@ def test_the_feed_stops_reading_the_socket_while_the_parser_is_behind_and_hands_
         feed.close()
         peer.sendall(b"after")
         assert await asyncio.wait_for(transport.read(5), 5) == b"after"
-        assert not buf and not feed.buf
+        assert not parser.buf
         peer.close()
 
     asyncio.run(scenario())

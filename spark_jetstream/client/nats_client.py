@@ -155,7 +155,7 @@ class RawClient(_NatsClient):
         than on the messages. Ends as nats-py's does: on close or reconnect; an end of stream, a protocol or socket
         error goes to ``_process_op_err`` (the reconnect)."""
         self.low_water = gather = _LowWater.of(self._transport)
-        feed = _Feed.of(self._transport, self._ps.buf)
+        feed = _Feed.of(self._transport, self._ps)
         read_at = time.monotonic()  # when the last read returned
         try:
             while not (self.is_closed or self.is_reconnecting) and self._transport is not None:
@@ -353,11 +353,11 @@ class _Feed(asyncio.BufferedProtocol):
     else (the end of the stream, a lost connection, the writer's flow control) is left to the stream reader's
     protocol, as before."""
 
-    def __init__(self, transport: asyncio.BaseTransport, original: Any, reader: asyncio.StreamReader, buf: bytearray):
+    def __init__(self, transport: asyncio.BaseTransport, original: Any, reader: asyncio.StreamReader, parser: Any):
         self.transport = transport
         self.original = original
         self.reader = reader
-        self.buf = buf  # the parser's
+        self.parser = parser  # its ``buf``: what it has still to parse
         self.area = memoryview(bytearray(READ_SIZE))  # what each socket read fills
         self.size = 0  # bytes added since the last parse
         self.waiter: asyncio.Future[None] | None = None
@@ -365,16 +365,17 @@ class _Feed(asyncio.BufferedProtocol):
         self.spilled: list[bytes] = []  # bytes that came while the parser's buffer could not grow
 
     @classmethod
-    def of(cls, transport: Any, buf: bytearray) -> _Feed | None:
-        """The feed of a TCP connection (TLS on it included), set as its protocol; None for a websocket."""
+    def of(cls, transport: Any, parser: Any) -> _Feed | None:
+        """The feed of a TCP connection (TLS on it included) into ``parser``, set as its protocol; None for a
+        websocket."""
         writer = getattr(transport, "_io_writer", None)  # TcpTransport
         reader = getattr(transport, "_io_reader", None)
         if writer is None or reader is None or writer.transport.is_closing():
             return None
-        feed = cls(writer.transport, writer.transport.get_protocol(), reader, buf)
+        feed = cls(writer.transport, writer.transport.get_protocol(), reader, parser)
         if reader._buffer:  # read by the stream reader before the switch
             feed.size = len(reader._buffer)
-            buf += reader._buffer
+            parser.buf += reader._buffer
             reader._buffer.clear()
         writer.transport.set_protocol(feed)
         return feed
@@ -387,7 +388,7 @@ class _Feed(asyncio.BufferedProtocol):
         try:
             if self.spilled:
                 raise BufferError  # after bytes that wait: in order
-            self.buf += data
+            self.parser.buf += data
         except BufferError:  # a handler awaits while the parser holds a view of its buffer: added after the parse
             self.spilled.append(bytes(data))
         self.size += nbytes
@@ -413,7 +414,6 @@ class _Feed(asyncio.BufferedProtocol):
 
     def close(self) -> None:
         """The read loop ended (a reconnect, a close): what still comes goes to the stream reader, as before."""
-        self.buf = bytearray()
         self.transport.set_protocol(self.original)
         if self.paused:
             self.transport.resume_reading()
@@ -438,7 +438,7 @@ class _Feed(asyncio.BufferedProtocol):
         """The parser took what was added; what came meanwhile and could not be added is, for the next parse."""
         self.size = sum(map(len, self.spilled))
         for data in self.spilled:
-            self.buf += data
+            self.parser.buf += data
         self.spilled.clear()
         if self.paused:
             self.paused = False
