@@ -310,3 +310,24 @@ def test_query_survives_the_stream_and_consumer_leaders_being_killed(spark, nats
     assert len(killed) == 2
     seqs = sorted(r.seq for r in spark.read.parquet(str(tmp_path / "out")).select("seq").collect())
     assert seqs == list(range(published.first_seq, published.last_seq + 1))
+
+
+def test_a_cluster_started_again_leaves_the_callers_connection_to_it_open():
+    """``EmbeddedCluster.start`` checks the cluster with connections of its own: a whole cluster started again (as
+    the restart tests do) leaves a caller's cached connection for the same servers open, and it reconnects."""
+    from spark_jetstream.client.jsapi import JetStreamApi
+    from spark_jetstream.testing import EmbeddedCluster
+
+    cluster = EmbeddedCluster(3, name="again").start()
+    options = ConnectionOptions(servers=tuple(server.url for server in cluster.servers))
+    try:
+        conn = connect(options)
+        for server in cluster.servers:
+            server.kill()
+        cluster.start()
+        assert not conn.client.is_closed, "starting the cluster closed the caller's connection"
+        wait_for(lambda: conn.client.is_connected, 30, "the caller's connection did not reconnect")
+        assert JetStreamApi(conn).call(("INFO",), None, "account info")["streams"] == 0
+    finally:
+        disconnect(options)
+        cluster.close()

@@ -10,11 +10,13 @@ import os
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 from spark_jetstream.client import retry
-from spark_jetstream.client.connection import ConnectionOptions, connect, disconnect
+from spark_jetstream.client.connection import Connection, ConnectionOptions, event_loop
 from spark_jetstream.client.jsapi import JetStreamApi
+from spark_jetstream.client.nats_client import open_client
 from spark_jetstream.errors import ApiError, JetStreamError
 from spark_jetstream.testing.server import IP_BINARY, EmbeddedServer, free_port
 
@@ -75,12 +77,13 @@ class EmbeddedCluster:
     def _wait_for_placement(self, wait: float) -> None:
         """Place a probe stream on every server and publish to it through each: a meta leader seeing every peer
         current may not have a peer's JetStream statistics yet ("no suitable peers for placement, peer offline"), and a
-        server may not know the new leader's interest yet (503, no responders): both failed a CI run's first tests."""
-        options = ConnectionOptions(servers=tuple(server.url for server in self.servers), request_timeout=wait)
-        api = JetStreamApi(connect(options))
+        server may not know the new leader's interest yet (503, no responders): both failed a CI run's first tests.
+        Its connections are its own: a caller's cached one for the same servers (a cluster started again) stays."""
+        servers = tuple(server.url for server in self.servers)
         config = {"name": "SJC_PROBE", "subjects": ["sjc.probe"], "num_replicas": len(self.servers)}
         deadline = time.monotonic() + wait
-        try:
+        with _own_connection(ConnectionOptions(servers=servers, request_timeout=wait)) as conn:
+            api = JetStreamApi(conn)
             while True:
                 try:
                     api.create_stream(config)
@@ -89,16 +92,10 @@ class EmbeddedCluster:
                     if time.monotonic() > deadline:
                         raise JetStreamError(f"The cluster placed no probe stream within {wait:g}s: {exc}") from exc
                     time.sleep(0.1)
-            for server in self.servers:
-                alone = ConnectionOptions(servers=(server.url,), request_timeout=wait)
-                try:
-                    one = connect(alone)
+            for url in servers:
+                with _own_connection(ConnectionOptions(servers=(url,), request_timeout=wait)) as one:
                     one.run(retry.request(one, "sjc.probe", b"probe"), timeout=wait + 5)
-                finally:
-                    disconnect(alone)
             api.delete_stream("SJC_PROBE")
-        finally:
-            disconnect(options)
 
     def _peers_current(self, leader: str) -> bool:
         server = next((s for s in self.servers if s.name == leader), None)
@@ -196,6 +193,17 @@ class IsolatedNetwork:
         for namespace in self.namespaces:
             subprocess.run([IP_BINARY, "netns", "del", namespace], capture_output=True)
         subprocess.run([IP_BINARY, "link", "del", self.bridge], capture_output=True)
+
+
+@contextmanager
+def _own_connection(options: ConnectionOptions) -> Iterator[Connection]:
+    """A connection of its own for ``options``, closed after: not the process's cached one (``connect``)."""
+    runner = event_loop()
+    client = runner.run(open_client(options, None, "spark-jetstream cluster probe"), options.connect_timeout + 5)
+    try:
+        yield Connection(options, client, runner)
+    finally:
+        runner.run(client.close(), timeout=5)
 
 
 def meta_leader(servers: Iterable[EmbeddedServer]) -> str | None:
