@@ -22,6 +22,7 @@ from urllib.parse import ParseResult
 from nats.aio.client import Client as _NatsClient
 from nats.aio.client import RawCredentials, Server
 from nats.errors import ProtocolError, StaleConnectionError, UnexpectedEOF
+from nats.protocol.parser import Parser
 
 from spark_jetstream.client.connection_options import DEFAULT_SILENCE_TIMEOUT, ConnectionOptions
 from spark_jetstream.client.credentials import (
@@ -353,7 +354,7 @@ class _Feed(asyncio.BufferedProtocol):
     else (the end of the stream, a lost connection, the writer's flow control) is left to the stream reader's
     protocol, as before."""
 
-    def __init__(self, transport: asyncio.BaseTransport, original: Any, reader: asyncio.StreamReader, parser: Any):
+    def __init__(self, transport: asyncio.BaseTransport, original: Any, reader: asyncio.StreamReader, parser: Parser):
         self.transport = transport
         self.original = original
         self.reader = reader
@@ -365,7 +366,7 @@ class _Feed(asyncio.BufferedProtocol):
         self.spilled: list[bytes] = []  # bytes that came while the parser's buffer could not grow
 
     @classmethod
-    def of(cls, transport: Any, parser: Any) -> _Feed | None:
+    def of(cls, transport: Any, parser: Parser) -> _Feed | None:
         """The feed of a TCP connection (TLS on it included) into ``parser``, set as its protocol; None for a
         websocket."""
         writer = getattr(transport, "_io_writer", None)  # TcpTransport
