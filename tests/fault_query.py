@@ -52,6 +52,11 @@ FROZEN = 15.0
 (3 s) and a batch, so rows committed before the thaw were read without the frozen server."""
 
 
+class ElectedFirst(AssertionError):
+    """A killed consumer leader's successor came before the query committed new rows: the query may have waited for
+    it, or only have been slow (a loaded machine, an election of 3.9 s); the caller injects the fault again."""
+
+
 def create_stream(api: JetStreamApi, name: str, subjects: str) -> None:
     """An R3 stream; right after an earlier test's restart a server may not be counted as a peer yet."""
 
@@ -214,11 +219,14 @@ def ride_through(
                 f"the query committed new rows only {new_rows[0]:.1f} s after the fault, after the server was back "
                 f"({injected.restarted:.1f} s)"
             )
+        elected_first = None
         if fault == "consumer leader" and sig == signal.SIGKILL:  # its election takes seconds: rows come meanwhile
-            assert injected.elected is not None and new_rows[0] < injected.elected, (
-                f"the query waited for member consumer {CONSUMERS[0]}'s new leader ({injected.elected:.1f} s after "
-                f"the fault) before committing new rows ({new_rows[0]:.1f} s)"
-            )
+            assert injected.elected is not None, "no successor of the killed consumer leader seen"
+            if new_rows[0] >= injected.elected:  # checked last: the output is checked whatever the answer
+                elected_first = (
+                    f"member consumer {CONSUMERS[0]}'s new leader ({injected.elected:.1f} s after the fault) came "
+                    f"before the query committed new rows ({new_rows[0]:.1f} s)"
+                )
 
         assert commits(checkpoint)[-1][1] == last
         published = publisher.messages
@@ -235,6 +243,8 @@ def ride_through(
         assert not missing and not extra, f"missing seqs {missing[:20]} ({len(missing)}), extra {extra[:20]}"
         assert output == published
         assert failed_tasks == 0, f"{failed_tasks} task attempts failed (with local[2] the query would have failed)"
+        if elected_first is not None:
+            raise ElectedFirst(elected_first)
     finally:
         query.stop()
         publisher.stop()
