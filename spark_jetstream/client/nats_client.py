@@ -362,7 +362,6 @@ class _Feed(asyncio.BufferedProtocol):
         self.area = memoryview(bytearray(READ_SIZE))  # what each socket read fills
         self.size = 0  # bytes added since the last parse
         self.waiter: asyncio.Future[None] | None = None
-        self.paused = False
         self.spilled: list[bytes] = []  # bytes that came while the parser's buffer could not grow
 
     @classmethod
@@ -381,6 +380,11 @@ class _Feed(asyncio.BufferedProtocol):
         writer.transport.set_protocol(feed)
         return feed
 
+    @property
+    def paused(self) -> bool:
+        """Whether the socket's reading is paused (``FEED_AHEAD``), as the transport says."""
+        return not self.transport.is_reading()
+
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.area
 
@@ -394,7 +398,6 @@ class _Feed(asyncio.BufferedProtocol):
             self.spilled.append(bytes(data))
         self.size += nbytes
         if self.size > FEED_AHEAD and not self.paused:  # the read loop is busy elsewhere: the socket keeps the rest
-            self.paused = True
             self.transport.pause_reading()
         self._wake()
 
@@ -442,7 +445,6 @@ class _Feed(asyncio.BufferedProtocol):
             self.parser.buf += data
         self.spilled.clear()
         if self.paused:
-            self.paused = False
             self.transport.resume_reading()
 
 

@@ -46,39 +46,36 @@ class EmbeddedCluster:
         return ",".join(server.url for server in self.servers)
 
     def start(self, wait: float = 60.0) -> EmbeddedCluster:
-        """Launch every server and wait, up to ``wait`` s for each step, until the meta leader sees every peer current.
-        A cluster with a 2.10 server took 0.3-12.3 s for that on 2 busy cores, and once over 30 s in a full test
-        run."""
+        """Launch every server and wait, up to ``wait`` s for each step, until a meta leader is elected and the cluster
+        places a replicated stream that every server routes publishes to (``_wait_for_placement``). A cluster with a
+        2.10 server took 0.3-12.3 s for the meta leader on 2 busy cores, and once over 30 s in a full test run."""
         try:
             for server in self.servers:  # peers must all be launched before any reports healthy
                 server.launch()
             for server in self.servers:
                 server.wait_ready(wait)
-            self.wait_for_meta_leader(wait, all_current=True)
+            self.wait_for_meta_leader(wait)
             self._wait_for_placement(wait)
         except BaseException:
             self.close()  # the servers, and an isolated network's namespaces
             raise
         return self
 
-    def wait_for_meta_leader(self, wait: float = 30.0, all_current: bool = False) -> str:
-        """Wait until the JetStream meta group has elected a leader (API calls fail before that); with
-        ``all_current``, one that sees every other server as a current peer (as ``start`` does: before that, placing
-        an R3 stream fails with "no suitable peers for placement, peer offline")."""
+    def wait_for_meta_leader(self, wait: float = 30.0) -> str:
+        """Wait until the JetStream meta group has elected a leader (API calls fail before that)."""
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            leader = meta_leader(self.servers)
-            if leader and (not all_current or self._peers_current(leader)):
+            if leader := meta_leader(self.servers):
                 return leader
             time.sleep(0.1)
-        peers = " seeing every server current" if all_current else ""
-        raise JetStreamError(f"JetStream cluster elected no meta leader{peers} within {wait:g}s.")
+        raise JetStreamError(f"JetStream cluster elected no meta leader within {wait:g}s.")
 
     def _wait_for_placement(self, wait: float) -> None:
-        """Place a probe stream on every server and publish to it through each: a meta leader seeing every peer
-        current may not have a peer's JetStream statistics yet ("no suitable peers for placement, peer offline"), and a
-        server may not know the new leader's interest yet (503, no responders): both failed a CI run's first tests.
-        Its connections are its own: a caller's cached one for the same servers (a cluster started again) stays."""
+        """Place a probe stream on every server and publish to it through each: a meta leader, even one seeing every
+        peer current, may not have a peer's JetStream statistics yet ("no suitable peers for placement, peer
+        offline"), and a server may not know the new leader's interest yet (503, no responders): both failed a CI
+        run's first tests. Its connections are its own: a caller's cached one for the same servers (a cluster started
+        again) stays."""
         servers = tuple(server.url for server in self.servers)
         config = {"name": "SJC_PROBE", "subjects": ["sjc.probe"], "num_replicas": len(self.servers)}
         deadline = time.monotonic() + wait
@@ -96,17 +93,6 @@ class EmbeddedCluster:
                 with _own_connection(ConnectionOptions(servers=(url,), request_timeout=wait)) as one:
                     one.run(retry.request(one, "sjc.probe", b"probe"), timeout=wait + 5)
             api.delete_stream("SJC_PROBE")
-
-    def _peers_current(self, leader: str) -> bool:
-        server = next((s for s in self.servers if s.name == leader), None)
-        if server is None:
-            return True  # a leader this cluster does not know by name: nothing more to check
-        try:
-            with urllib.request.urlopen(f"{server.monitor}/jsz", timeout=1) as response:
-                replicas = json.load(response).get("meta_cluster", {}).get("replicas") or []
-        except OSError:
-            return False
-        return len(replicas) == len(self.servers) - 1 and all(r.get("current") for r in replicas)
 
     def partition(self, server: EmbeddedServer, cut: bool = True) -> None:
         """Cut ``server`` off from the other servers and every client (``cut=False``: heal it): its link goes down,
