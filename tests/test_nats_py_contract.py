@@ -45,7 +45,7 @@ CLIENT_METHODS = {
     "_connect_command": ([], "nats_client.RawClient overrides it (no CONNECT over plain text when TLS was asked)"),
     "_process_msg": (
         ["sid", "subject", "reply", "data", "headers"],
-        "nats_client.RawClient overrides it; protocol.FastParser calls it for other subscriptions",
+        "protocol.FastParser calls it for other subscriptions",
     ),
     "_flush_pending": (["force_flush"], "publish.Publisher.send calls it with no argument"),
     "_read_loop": ([], "nats_client.RawClient overrides it (reads into the parser's buffer, a socket low-water mark)"),
@@ -125,6 +125,12 @@ SOURCE_FACTS = [
         "self._pending.append(cmd)",
         "the write buffer is a list of byte chunks plus a byte count, as Publisher.send fills it",
         "publish.Publisher.send",
+    ),
+    (
+        parser.Parser.reset,
+        "self.state = AWAITING_CONTROL_LINE",
+        "a reset parser has nothing left of a line whose handler raised",
+        "protocol.FastParser._control",
     ),
     (
         parser.Parser.parse,

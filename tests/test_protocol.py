@@ -58,8 +58,10 @@ PUBACKS = b"".join(
         hmsg(b"_INBOX.pub.9", ACK_SID, b"", b"NATS/1.0 503\r\n\r\n", b""),
         ack(10, b'{"stream":"S","seq":7}'),
         ack(11, b'{"stream":"S","seq":8}'),
-        b"PING\r\n",  # nats-py's parser takes the rest of the buffer from here
+        b"PING\r\n",  # nats-py's parser has this line alone: the runs after it are taken in runs too
         msg(b"_INBOX.pub.12", ACK_SID, b"_INBOX.reply", b'{"stream":"S","seq":9}'),  # a reply: not a PubAck
+        ack(13, b'{"stream":"S","seq":10}'),
+        ack(14, b'{"stream":"S","seq":11}'),
     ]
 )
 
@@ -146,9 +148,9 @@ def test_pubacks_in_runs_match_nats_py_under_any_chunking(size):
     client = Client()
     chunks = [PUBACKS[i : i + size] for i in range(0, len(PUBACKS), size)]
     assert dispatched(FastParser, chunks, client) == dispatched(Parser, [PUBACKS])
-    assert sum(client.runs) <= 9  # never the error, the status or the message with a reply
+    assert sum(client.runs) <= 11  # never the error, the status or the message with a reply
     if size == len(PUBACKS):
-        assert client.runs == [7, 2]  # stored PubAcks in one call per run
+        assert client.runs == [7, 2, 2]  # stored PubAcks in one call per run, after a PING too
 
 
 def test_a_run_is_not_taken_for_another_subscription():
@@ -177,14 +179,6 @@ class DeliveriesClient(Client):
         super().__init__()
         self.rows = RowBuffer(keep_headers=True)  # what the bulk handler appends to
         self.bulk_handlers = {RAW_SID: protocol.deliveries_handler(RAW_SID, self, self.deliver)}
-
-    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
-        """As ``RawClient``'s: what nats-py's parser read (after a PING) is offered to the bulk handler first."""
-        if sid in self.bulk_handlers:
-            message = bytearray(wire(sid, subject, reply, data, headers))
-            if self.bulk_handlers[sid](message, memoryview(message), 0):
-                return
-        await super()._process_msg(sid, subject, reply, data, headers)
 
     def deliver(self, rows: RowBuffer, first: int, header: bytes | None, drained: int) -> None:
         end = len(rows)
@@ -225,3 +219,26 @@ def test_a_run_that_would_take_a_column_past_2_gib_is_refused_whole():
     with pytest.raises(OverflowError, match="past 2 GiB"):
         protocol._append([(subjects, subject_ends, [b"s"]), (payload, offsets, [b"12", b"3456"])], [])
     assert (subjects, subject_ends, offsets) == (b"a", array("i", [0, 1]), array("i", [0, 7]))
+
+
+@pytest.mark.parametrize("line", [b"HELLO\r\n", b"X" * 5000 + b"\r\n"], ids=["short", "long"])
+def test_a_line_nats_py_does_not_know_is_a_protocol_error(line):
+    """A short one as nats-py's parser says; a long one, which it would keep waiting for more, too."""
+    with pytest.raises(ProtocolError):
+        dispatched(FastParser, [msg(b"p.1", RAW_SID, b"", b"a") + line + msg(b"p.2", RAW_SID, b"", b"b")])
+
+
+def test_a_parser_reset_by_a_lines_handler_dispatches_nothing_after_it():
+    """A reconnect resets the parser: what followed the line in the buffer came on the old connection."""
+    client = Client()
+    parser = FastParser(client)
+
+    async def stale(message: str) -> None:
+        client.seen.append(("err", None, message.encode(), b"", b"", None))
+        parser.reset()
+
+    client._process_err = stale  # type: ignore[method-assign]
+    stream = msg(b"p.1", RAW_SID, b"", b"a") + b"-ERR 'Stale Connection'\r\n" + msg(b"p.2", RAW_SID, b"", b"b")
+    parse_all(parser, [stream])
+    assert client.seen == [("raw", None, b"p.1", b"", b"a", None), ("err", None, b"'stale connection'", b"", b"", None)]
+    assert parser.buf == b""

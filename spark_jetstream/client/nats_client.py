@@ -33,7 +33,7 @@ from spark_jetstream.client.credentials import (
     tls_context,
 )
 from spark_jetstream.client.features import ANY_USE, Version, require
-from spark_jetstream.client.protocol import BulkHandler, FastParser, RawHandler, wire
+from spark_jetstream.client.protocol import BulkHandler, FastParser, RawHandler
 from spark_jetstream.errors import ConnectError, JetStreamError
 
 log = logging.getLogger(__name__)
@@ -321,19 +321,6 @@ class RawClient(_NatsClient):
         """nats-py's publish, timed: the read loop measures a reply's rate from its request (``GATHER_SPAN``)."""
         self.sent_at = time.monotonic()
         await super().publish(*args, **kwargs)
-
-    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
-        bulk = self.bulk_handlers.get(sid)
-        if bulk is not None:  # nats-py's parser had this one (rare): give the bulk handler its chance
-            message = bytearray(wire(sid, subject, reply, data, headers))
-            with memoryview(message) as view:
-                if bulk(message, view, 0):
-                    return
-        handler = self.raw_handlers.get(sid)
-        if handler is None:
-            await super()._process_msg(sid, subject, reply, data, headers)
-        else:
-            handler(subject, reply, data, headers)
 
 
 def lowering_wakes(system: str, release: str) -> bool:

@@ -5,7 +5,8 @@ buffer and awaits a coroutine per message; profiles of the pull reader and the w
 put about half of the client's time there. This parser handles ``MSG`` and ``HMSG`` with plain
 ``find``/``split`` over one buffer pass and calls the raw handlers of the connector's
 subscriptions directly. Every other line (``PING``, ``PONG``, ``+OK``, ``-ERR``, ``INFO``) is rare
-and goes to nats-py's own parser, as do messages of ordinary nats-py subscriptions.
+and goes to nats-py's own parser, one line at a time; messages of ordinary nats-py subscriptions go to the client's
+``_process_msg``.
 
 A subscription may also have a *bulk handler* that takes its consecutive messages straight
 from the read buffer and says where it stopped: the pull reader parses its deliveries in one
@@ -28,7 +29,7 @@ from array import array
 from collections.abc import Callable
 from functools import cache
 from itertools import accumulate, islice
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from nats.errors import ProtocolError
 from nats.protocol.parser import AWAITING_CONTROL_LINE, Parser
@@ -61,10 +62,11 @@ class FastParser(Parser):
     ``BulkHandler``).
     """
 
+    def __init__(self, nc: Any = None) -> None:
+        super().__init__(nc)
+        self.lines = Parser(nc)  # nats-py's, for the other lines (``_control``)
+
     async def parse(self, data: bytes = b"") -> None:
-        if self.state != AWAITING_CONTROL_LINE:  # nats-py's parser stopped inside a message
-            await super().parse(data)
-            return
         buf = self.buf
         buf.extend(data)
         handlers: dict[int, RawHandler] = self.nc.raw_handlers
@@ -81,11 +83,11 @@ class FastParser(Parser):
                 elif buf.startswith(b"HMSG ", pos):
                     headed = True
                 else:
-                    view.release()
-                    del buf[:pos]
-                    pos = 0
-                    await super().parse()
-                    return
+                    line, pos = bytes(view[pos : eol + 2]), eol + 2
+                    await self._control(line)
+                    if self.buf is not buf:  # reset meanwhile (a reconnect): the rest is the old connection's
+                        return
+                    continue
                 args = bytes(view[pos:eol]).split()
                 fields = len(args) - headed  # MSG <subject> <sid> [reply] <size>; HMSG has <header size> too
                 try:
@@ -120,9 +122,18 @@ class FastParser(Parser):
             if pos:
                 del buf[:pos]
 
+    async def _control(self, line: bytes) -> None:
+        """A line other than a message's (``PING``, ``PONG``, ``+OK``, ``-ERR``, ``INFO``), whole, handed to nats-py's
+        parser alone: given the buffer, it would parse the messages after the line too, one await each."""
+        lines = self.lines
+        lines.reset()  # nothing left from a line whose handler raised
+        await lines.parse(line)
+        if lines.buf or lines.state != AWAITING_CONTROL_LINE:  # a line it does not know, or a message line it does
+            raise ProtocolError("nats: unknown protocol")
+
 
 def wire(sid: int, subject: bytes, reply: bytes, payload: bytes, headers: bytes | None) -> bytes:
-    """One message as the server sends it (for handing a message nats-py parsed to a bulk handler)."""
+    """One message as the server sends it (the parser benchmark and the tests make the server's bytes with it)."""
     reply_field = reply + b" " if reply else b""
     if headers is None:
         return b"MSG %b %d %b%d\r\n%b\r\n" % (subject, sid, reply_field, len(payload), payload)
