@@ -16,10 +16,12 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 
-def noio_source(name: str, size: int, count: int, partitions: int) -> type:
+def noio_source(name: str, size: int, count: int, partitions: int, batches: int = 1) -> type:
     """A Python data source ``name`` (streaming and batch) that yields ``count`` rows of ``size`` payload bytes in
     the connector's schema and record batch bound, in ``partitions`` partitions, and a writer that drops what it
-    gets, without I/O. Its classes are local, so Spark pickles them by value (nothing to install on workers)."""
+    gets, without I/O. Streaming, it offers them in ``batches`` micro-batches of ``partitions`` partitions each (as a
+    multi-batch read of the connector is; one batch on PySpark before 4.2, which passes no start offset). Its classes
+    are local, so Spark pickles them by value (nothing to install on workers)."""
     from pyspark.sql.datasource import (
         DataSource,
         DataSourceArrowWriter,
@@ -71,24 +73,44 @@ def noio_source(name: str, size: int, count: int, partitions: int) -> type:
         for start in range(0, n, per_batch):
             yield full if start + per_batch <= n else build(n - start)
 
-    parts = [InputPartition(count // partitions + (p < count % partitions)) for p in range(partitions)]
+    def split(n: int) -> list[InputPartition]:
+        return [InputPartition(n // partitions + (p < n % partitions)) for p in range(partitions)] if n > 0 else []
 
-    class Stream(DataSourceStreamReader):
+    step = -(-count // batches)
+
+    try:  # PySpark >= 4.2: availableNow asks batch after batch, each up to the default read limit
+        from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+        bases: tuple[type, ...] = (DataSourceStreamReader, SupportsTriggerAvailableNow)
+    except ImportError:
+        bases = (DataSourceStreamReader,)
+
+    class Stream(*bases):  # type: ignore[misc]
         def initialOffset(self) -> dict[str, int]:
             return {"n": 0}
 
+        def getDefaultReadLimit(self) -> Any:
+            """``step`` rows a batch, as ``maxMessagesPerTrigger`` gives the connector's (PySpark >= 4.2)."""
+            from pyspark.sql.streaming.datasource import ReadMaxRows
+
+            return ReadMaxRows(step)
+
+        def prepareForTriggerAvailableNow(self) -> None:
+            """Nothing to fix: the rows are ``count`` for good."""
+
         def latestOffset(self, start: dict[str, int] | None = None, limit: Any = None) -> dict[str, int]:
-            return {"n": count}
+            rows = getattr(limit, "max_rows", None)  # None: ReadAllAvailable (availableNow's target), PySpark < 4.2
+            return {"n": count if start is None or rows is None else min(count, start["n"] + rows)}
 
         def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
-            return parts if end["n"] > start["n"] else []
+            return split(end["n"] - start["n"])
 
         def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
             yield from rows(partition.value)
 
     class Batch(DataSourceReader):
         def partitions(self) -> list[InputPartition]:
-            return parts
+            return split(count)
 
         def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
             yield from rows(partition.value)
