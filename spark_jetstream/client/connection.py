@@ -257,17 +257,23 @@ def connect(options: ConnectionOptions) -> Connection:
     keeps it after its task, and one dialing a server gone for good would, forever, connect to whatever listens on
     that port later (Spark's listener for a Python worker connecting back failed a query so). A driver's, and the
     streaming reader's, keep reconnecting: a query outlives an outage between batches."""
-    runner = event_loop()
+    event_loop()  # first: in a forked child it drops the parent's connections before the lookup
     with _connect_lock:
         conn = _connections.get(options)
         if conn is not None and not conn.client.is_closed:
             return conn
         role = process_role()
         reconnect_for = 2 * options.request_timeout if role == "task" else None
-        name = f"spark-jetstream {role}".strip()
-        client = runner.run(open_client(options, reconnect_for, name), timeout=options.connect_timeout + 5)
-        conn = _connections[options] = Connection(options, client, runner)
+        conn = _connections[options] = open_connection(options, reconnect_for, f"spark-jetstream {role}".strip())
         return conn
+
+
+def open_connection(options: ConnectionOptions, reconnect_for: float | None, name: str) -> Connection:
+    """A new connection for ``options`` on the process's event loop, cached nowhere: its caller closes it
+    (``connect`` caches what it opens). ``reconnect_for``, ``name``: as ``nats_client.open_client``'s."""
+    runner = event_loop()
+    client = runner.run(open_client(options, reconnect_for, name), timeout=options.connect_timeout + 5)
+    return Connection(options, client, runner)
 
 
 def disconnect(options: ConnectionOptions) -> None:

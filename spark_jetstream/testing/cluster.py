@@ -14,9 +14,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from spark_jetstream.client import retry
-from spark_jetstream.client.connection import Connection, ConnectionOptions, event_loop
+from spark_jetstream.client.connection import Connection, ConnectionOptions, open_connection
 from spark_jetstream.client.jsapi import JetStreamApi
-from spark_jetstream.client.nats_client import open_client
 from spark_jetstream.errors import ApiError, JetStreamError
 from spark_jetstream.testing.server import IP_BINARY, EmbeddedServer, free_port
 
@@ -184,12 +183,11 @@ class IsolatedNetwork:
 @contextmanager
 def _own_connection(options: ConnectionOptions) -> Iterator[Connection]:
     """A connection of its own for ``options``, closed after: not the process's cached one (``connect``)."""
-    runner = event_loop()
-    client = runner.run(open_client(options, None, "spark-jetstream cluster probe"), options.connect_timeout + 5)
+    conn = open_connection(options, None, "spark-jetstream cluster probe")
     try:
-        yield Connection(options, client, runner)
+        yield conn
     finally:
-        runner.run(client.close(), timeout=5)
+        conn.run(conn.client.close(), timeout=5)
 
 
 def meta_leader(servers: Iterable[EmbeddedServer]) -> str | None:
