@@ -88,3 +88,10 @@ def test_a_port_another_process_took_fails_the_start_even_where_its_holder_answe
     finally:
         server.close()
         holder.shutdown()
+
+
+def test_free_port_never_hands_out_a_port_twice_in_one_process():
+    """A cluster's ports are all chosen before any server binds one: a port chosen twice (once for a server's clients,
+    once for another's routes) made a server exit at start-up in CI. 2,000 choices, none bound: all different."""
+    ports = [free_port() for _ in range(2000)]
+    assert len(set(ports)) == len(ports)

@@ -48,14 +48,20 @@ def find_server_binary() -> str:
 
 def free_port() -> int:
     """A free port below the kernel's ephemeral range: one the kernel hands out (a bind to port 0) may go to an
-    outgoing connection (a route, a client) before the server binds it, and the server then fails to start."""
+    outgoing connection (a route, a client) before the server binds it, and the server then fails to start.
+
+    Never one this process handed out before: a cluster's ports are all chosen before any server binds one, and a
+    server given the same port twice (about once in 600 clusters of three) exits at start-up."""
     for _ in range(200):
         port = _ports.randrange(_PORTS_FROM, _ephemeral_start())
+        if port in _handed:
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _handed.add(port)
             return port
     with socket.socket() as sock:  # the low range is taken: an ephemeral port, as before
         sock.bind(("127.0.0.1", 0))
@@ -64,6 +70,7 @@ def free_port() -> int:
 
 _PORTS_FROM = 10000
 _ports = random.SystemRandom()  # not the random module's state: forked test workers would share it
+_handed: set[int] = set()  # the ports free_port returned in this process
 
 
 def _ephemeral_start() -> int:

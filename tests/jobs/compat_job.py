@@ -74,7 +74,7 @@ def main() -> None:
     result["workers"] = sorted(set(spark.sparkContext.parallelize(range(2), 2).mapPartitions(worker).collect()))
 
     batches: list[int] = []
-    reported: list[str] = []  # the stream's end as each progress of the first run reports it
+    reported: list[str] = []  # the stream's end as each batch's progress of the first run reports it
     lags: list[int | None] = []
     for stop_after in (2, None):  # a first run, stopped, then a restart from the checkpoint
         query = to_parquet("capped", source("capped", maxMessagesPerTrigger=args.max), {"processingTime": "0 seconds"})
@@ -88,7 +88,7 @@ def main() -> None:
         if query.exception():
             raise query.exception()
         batches += input_rows(query)
-        reported = reported or [str(p.sources[0].latestOffset) for p in query.recentProgress]
+        reported = reported or [str(p.sources[0].latestOffset) for p in query.recentProgress if p["numInputRows"]]
         lags = lags or [batch_progress(p).lag for p in query.recentProgress if p["numInputRows"]]
     result["capped"] = batches
     result["reported_latest"] = reported
