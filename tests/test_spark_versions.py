@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -143,11 +144,14 @@ def test_streaming_batch_and_write_on_older_pyspark(
         return spark.read.parquet(str(tmp_path / name / "out")).select("subject", "data", "seq", "partition")
 
     everything = expected_rows(spark, stream)
-    # A capped streaming read, stopped and restarted: batches within the cap, every row once.
-    assert sum(seen["capped"]) == count and max(seen["capped"]) <= cap, seen["capped"]
+    # A capped streaming read, stopped and restarted: every batch planned was committed, each within the cap (the
+    # stream's seqs have no gaps), every row once.
     assert_df_equality(output("capped"), everything, ignore_row_order=True, ignore_nullable=True)
     offsets = checkpoint_log(tmp_path / "capped" / "cp", "offsets")
-    assert offsets[max(offsets)] == stream.last_seq
+    assert checkpoint_log(tmp_path / "capped" / "cp", "commits").keys() == offsets.keys()
+    ends = [offsets[batch] for batch in sorted(offsets)]
+    sizes = [end - start for start, end in itertools.pairwise([0, *ends])]
+    assert sum(sizes) == count and max(sizes) <= cap and ends[-1] == stream.last_seq, sizes
     # Only PySpark >= 4.2 asks the source for the stream's end (the progress's latestOffset, for lag): the first
     # batch's progress reports it; before, it reports the batch's own end. (The first run may read all three
     # batches on a fast machine, so the last batch's end says nothing.)
