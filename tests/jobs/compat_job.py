@@ -28,12 +28,12 @@ import json
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pyspark
 from local_spark import bounded_read, local_session
 from pyspark.sql import functions as F
 
+from spark_jetstream.streaming.offsets import committed_offset
 from spark_jetstream.tools.monitoring import batch_progress
 
 
@@ -76,14 +76,9 @@ def main() -> None:
 
     result["workers"] = sorted(set(spark.sparkContext.parallelize(range(2), 2).mapPartitions(worker).collect()))
 
-    checkpoint = Path(args.out, "capped", "cp")
-
     def committed() -> int:
         """The seq the capped read's last committed batch ends at (0 before its first)."""
-        commits = [int(p.name) for p in checkpoint.glob("commits/*") if p.name.isdigit()]
-        if not commits:
-            return 0
-        return json.loads((checkpoint / "offsets" / str(max(commits))).read_text().splitlines()[2])["seq"]
+        return (committed_offset(f"{args.out}/capped/cp") or {"seq": 0})["seq"]
 
     reported: list[str] = []  # the stream's end as each batch's progress of the first run reports it
     lags: list[int | None] = []
